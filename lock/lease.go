@@ -1,0 +1,220 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Lease is one acquisition of a lock. Its methods are safe for concurrent use.
+type Lease struct {
+	// Key is the lock's name.
+	Key string
+	// Token is the random 128-bit owner token (hex) of this acquisition.
+	Token string
+	// Fence is the fencing token: it strictly increases per key across all
+	// holders and all time, and never falls below the store's clock in
+	// microseconds, so it does not repeat even if the store loses its data.
+	Fence uint64
+	// TTL is the lease duration asked for.
+	TTL time.Duration
+
+	b Backend
+
+	mu         sync.Mutex // protects validUntil, err, watching
+	validUntil time.Time
+	err        error // why the lease ended; nil while held
+	watching   bool
+	done       chan struct{} // closed when err is set
+}
+
+func newLease(b Backend, key, token string, fence uint64, ttl time.Duration, validUntil time.Time) *Lease {
+	return &Lease{Key: key, Token: token, Fence: fence, TTL: ttl, b: b, validUntil: validUntil, done: make(chan struct{})}
+}
+
+// ValidUntil is the local time until which the lock is known to be ours,
+// computed from the monotonic clock and the round trip that confirmed it. It
+// moves forward with every successful renewal.
+func (l *Lease) ValidUntil() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.validUntil
+}
+
+// Done is closed when the lease ends: released, or lost.
+func (l *Lease) Done() <-chan struct{} { return l.done }
+
+// Err is nil while the lease is held. After it ends it is ErrReleased, or an
+// error wrapping ErrLost that says why the lock was lost.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Context returns a copy of parent that is cancelled, with Err as its cause,
+// when the lease ends. Call the returned cancel func when done with it.
+func (l *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	go func() {
+		select {
+		case <-l.done:
+			cancel(l.Err())
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
+// end records why the lease ended; the first cause wins.
+func (l *Lease) end(cause error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return
+	}
+	l.err = cause
+	close(l.done)
+}
+
+func (l *Lease) lose(reason error) {
+	l.end(fmt.Errorf("%w: %q: %w", ErrLost, l.Key, reason))
+}
+
+// Release frees the lock, or hands it to the next waiter. It runs even if
+// ctx is already cancelled (it is bounded by its own timeout instead), so a
+// deferred Release always reaches the store. ErrNotHeld means the lock had
+// already been lost; nothing else was touched.
+func (l *Lease) Release(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	err := l.b.Release(ctx, l.Key, l.Token)
+	switch {
+	case err == nil:
+		l.end(ErrReleased)
+	case errors.Is(err, ErrNotHeld):
+		l.lose(ErrNotHeld)
+	}
+	return err
+}
+
+// Extend resets the lease to ttl from now (0 means the lease's TTL).
+// ErrNotHeld means the lock was lost; the lease then ends.
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ttl == 0 {
+		ttl = l.TTL
+	}
+	if ttl < MinTTL {
+		return fmt.Errorf("%w: TTL %v is below the minimum %v", ErrInvalidOptions, ttl, MinTTL)
+	}
+	until, err := l.b.Extend(ctx, l.Key, l.Token, ttl)
+	if err != nil {
+		if errors.Is(err, ErrNotHeld) {
+			l.lose(ErrNotHeld)
+		}
+		return err
+	}
+	l.mu.Lock()
+	l.validUntil = until
+	l.mu.Unlock()
+	return nil
+}
+
+// topUp extends a hand-off grant to the full TTL.
+func (l *Lease) topUp() {
+	ctx, cancel := context.WithDeadline(context.Background(), l.ValidUntil())
+	defer cancel()
+	if err := l.Extend(ctx, l.TTL); err != nil && !errors.Is(err, ErrNotHeld) {
+		// The watchdog (if any) retries; without one the lease simply keeps
+		// its shorter validity, which ValidUntil reports.
+		return
+	}
+}
+
+// Keepalive starts a watchdog that renews the lease every TTL/3, on a
+// schedule fixed from the acquisition (late renewals do not push later ones
+// back), until the lease is released or lost. A failed renewal is retried
+// with backoff while the lease is still valid; when the store says the lock
+// is no longer ours, or validity runs out unconfirmed, the lease ends with
+// ErrLost at once: Done is closed and Context is cancelled. Calling
+// Keepalive again is a no-op.
+func (l *Lease) Keepalive() {
+	l.mu.Lock()
+	if l.watching || l.err != nil {
+		l.mu.Unlock()
+		return
+	}
+	l.watching = true
+	first := l.validUntil
+	l.mu.Unlock()
+	go l.watch(first)
+}
+
+func (l *Lease) watch(validUntil time.Time) {
+	period := l.TTL / 3
+	// The grant was made about TTL before validUntil; renew a period later.
+	// A short hand-off grant puts this in the past: renew at once.
+	next := validUntil.Add(-l.TTL + period)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		if !sleepUntil(timer, next, l.done) {
+			return
+		}
+		if !l.renew(timer) {
+			return
+		}
+		next = next.Add(period)
+		if now := time.Now(); next.Before(now) {
+			next = now
+		}
+	}
+}
+
+// renew extends the lease, retrying transient failures until it is confirmed
+// or its validity runs out. It reports whether the lease is still held.
+func (l *Lease) renew(timer *time.Timer) bool {
+	backoff := 10 * time.Millisecond
+	var lastErr error
+	for {
+		deadline := l.ValidUntil()
+		if !time.Now().Before(deadline) {
+			if lastErr == nil {
+				lastErr = errors.New("validity ran out before renewal")
+			}
+			l.lose(fmt.Errorf("not confirmed before its validity ran out: %w", lastErr))
+			return false
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := l.Extend(ctx, l.TTL)
+		cancel()
+		if err == nil {
+			return true
+		}
+		if errors.Is(err, ErrNotHeld) || l.Err() != nil {
+			return false // Extend already ended the lease
+		}
+		lastErr = err
+		wake := time.Now().Add(backoff)
+		if wake.After(deadline) {
+			wake = deadline
+		}
+		if !sleepUntil(timer, wake, l.done) {
+			return false
+		}
+		backoff = min(backoff*2, max(l.TTL/10, 10*time.Millisecond))
+	}
+}
+
+// sleepUntil waits until t or until stop is closed; it reports whether t came.
+func sleepUntil(timer *time.Timer, t time.Time, stop <-chan struct{}) bool {
+	timer.Reset(time.Until(t))
+	select {
+	case <-timer.C:
+		return true
+	case <-stop:
+		return false
+	}
+}

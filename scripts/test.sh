@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs the whole test suite on a fresh machine that has only Go installed:
+# installs redis-server from Debian packages when it is missing, then runs
+# go vet and go test -race. Tests start their own redis-server processes on
+# free loopback ports; nothing needs to be running beforehand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; then
+	echo "test.sh: redis-server is missing; installing it from Debian packages" >&2
+	SUDO=""
+	if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+fi
+# The Debian package starts a system redis-server on 6379; tests do not use it.
+export REDIS_SERVER="$(command -v redis-server || echo /usr/bin/redis-server)"
+"$REDIS_SERVER" --version
+
+echo "== go vet"
+go vet ./...
+echo "== go test -race"
+go test -race -count=1 -timeout 15m "$@" ./...
