@@ -22,16 +22,23 @@ type Lease struct {
 	TTL time.Duration
 
 	b Backend
+	// granted is the lease length the store set at acquisition: TTL, or
+	// less after a hand-off.
+	granted time.Duration
 
-	mu         sync.Mutex // protects validUntil, err, watching
+	mu         sync.Mutex // protects validUntil, err, watching, releasing, topUpTimer
+	topUpTimer *time.Timer
 	validUntil time.Time
 	err        error // why the lease ended; nil while held
 	watching   bool
-	done       chan struct{} // closed when err is set
+	// releasing is set while Release runs, so that a renewal racing with it
+	// (and finding the lock gone) is not mistaken for a loss.
+	releasing bool
+	done      chan struct{} // closed when err is set
 }
 
-func newLease(b Backend, key, token string, fence uint64, ttl time.Duration, validUntil time.Time) *Lease {
-	return &Lease{Key: key, Token: token, Fence: fence, TTL: ttl, b: b, validUntil: validUntil, done: make(chan struct{})}
+func newLease(b Backend, key, token string, fence uint64, ttl time.Duration, validUntil time.Time, granted time.Duration) *Lease {
+	return &Lease{Key: key, Token: token, Fence: fence, TTL: ttl, b: b, granted: granted, validUntil: validUntil, done: make(chan struct{})}
 }
 
 // ValidUntil is the local time until which the lock is known to be ours,
@@ -77,10 +84,25 @@ func (l *Lease) end(cause error) {
 	}
 	l.err = cause
 	close(l.done)
+	if l.topUpTimer != nil {
+		l.topUpTimer.Stop()
+	}
 }
 
 func (l *Lease) lose(reason error) {
+	l.mu.Lock()
+	releasing := l.releasing
+	l.mu.Unlock()
+	if releasing {
+		return
+	}
 	l.end(fmt.Errorf("%w: %q: %w", ErrLost, l.Key, reason))
+}
+
+func (l *Lease) setReleasing(v bool) {
+	l.mu.Lock()
+	l.releasing = v
+	l.mu.Unlock()
 }
 
 // Release frees the lock, or hands it to the next waiter. It runs even if
@@ -90,12 +112,16 @@ func (l *Lease) lose(reason error) {
 func (l *Lease) Release(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
+	l.setReleasing(true)
 	err := l.b.Release(ctx, l.Key, l.Token)
 	switch {
 	case err == nil:
 		l.end(ErrReleased)
 	case errors.Is(err, ErrNotHeld):
+		l.setReleasing(false)
 		l.lose(ErrNotHeld)
+	default:
+		l.setReleasing(false) // still ours as far as we know; the watchdog carries on
 	}
 	return err
 }
@@ -122,8 +148,17 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
+func (l *Lease) scheduleTopUp() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.topUpTimer = time.AfterFunc(time.Until(l.validUntil)/2, l.topUp)
+}
+
 // topUp extends a hand-off grant to the full TTL.
 func (l *Lease) topUp() {
+	if l.Err() != nil {
+		return
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), l.ValidUntil())
 	defer cancel()
 	if err := l.Extend(ctx, l.TTL); err != nil && !errors.Is(err, ErrNotHeld) {
@@ -153,10 +188,10 @@ func (l *Lease) Keepalive() {
 }
 
 func (l *Lease) watch(validUntil time.Time) {
+	// The grant was made about l.granted before validUntil; renew a third
+	// of it later, then every TTL/3 on a fixed schedule.
+	next := validUntil.Add(-l.granted + l.granted/3)
 	period := l.TTL / 3
-	// The grant was made about TTL before validUntil; renew a period later.
-	// A short hand-off grant puts this in the past: renew at once.
-	next := validUntil.Add(-l.TTL + period)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {

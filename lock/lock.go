@@ -101,9 +101,10 @@ type Grant struct {
 	// ValidUntil is a local (monotonic) time before which the lock is
 	// certainly still ours.
 	ValidUntil time.Time
-	// Short is set when the store granted less than the TTL asked (a
-	// hand-off, see Options.WaiterLease); the Locker tops it up.
-	Short bool
+	// TTL is the lease the store set. It is less than asked after a
+	// hand-off (see Options.WaiterLease) and the Locker tops it up; zero
+	// means the TTL asked.
+	TTL time.Duration
 }
 
 // Backend is the store side of a lock. Implementations are safe for
@@ -176,11 +177,16 @@ func (l *Locker) acquire(ctx context.Context, key string, opts Options, wait boo
 	if err != nil {
 		return nil, err
 	}
-	lease := newLease(l.b, key, token, g.Fence, opts.TTL, g.ValidUntil)
-	if g.Short {
-		// The store granted the hand-off for WaiterLease only; top it up to
-		// the full TTL without delaying the caller.
-		go lease.topUp()
+	granted := g.TTL
+	if granted <= 0 || granted > opts.TTL {
+		granted = opts.TTL
+	}
+	lease := newLease(l.b, key, token, g.Fence, opts.TTL, g.ValidUntil, granted)
+	if granted < opts.TTL {
+		// A hand-off granted for WaiterLease only: top it up to the full
+		// TTL halfway through, unless the lease has ended by then (short
+		// critical sections never pay for it).
+		lease.scheduleTopUp()
 	}
 	return lease, nil
 }

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] lock         string: owner token, PX = lease
 -- KEYS[2] meta         hash: f = last fence issued, s = queue sequence,
---                      g = grant of the current owner ("fence:granted_us:grant_ms")
+--                      g = grant of the last hand-off ("fence:granted_us:grant_ms")
 -- KEYS[3] queue        zset: member = entry ("token:grant_ms"), score = arrival sequence
 -- KEYS[4] leases       zset: member = entry, score = server ms when the waiter's place expires
 -- KEYS[5] notify       list: the caller's wake-up list (a hand-off pushes its grant here)
@@ -49,7 +49,8 @@ if not owner and (not head or head == entry) then
   if fence < now_us then fence = now_us end
   local f = string.format('%d', fence)
   redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-  redis.call('HSET', KEYS[2], 'f', f, 'g', f .. ':' .. string.format('%d', now_us) .. ':' .. ARGV[2])
+  -- meta.g is only read after a hand-off, which writes it; skip it here.
+  redis.call('HSET', KEYS[2], 'f', f)
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
   if head then
     redis.call('ZREM', KEYS[3], entry)

@@ -26,8 +26,8 @@
 package redis
 
 import (
-	_ "embed"
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -296,7 +296,7 @@ func parseGrant(g string, start time.Time, nowUS int64, ttl time.Duration) (lock
 	expiresIn := time.Duration(grantedUS-nowUS)*time.Microsecond + granted
 	// SafeValidity subtracts drift for the granted lease length.
 	valid := lock.SafeValidity(start.Add(expiresIn-granted), granted)
-	return lock.Grant{Fence: fence, ValidUntil: valid, Short: granted < ttl}, nil
+	return lock.Grant{Fence: fence, ValidUntil: valid, TTL: min(granted, ttl)}, nil
 }
 
 // Release frees key, or hands it to the next waiter, if token owns it.

@@ -4,7 +4,7 @@
 --
 -- KEYS[1] lock    KEYS[2] meta    KEYS[3] queue    KEYS[4] leases (see acquire.lua)
 -- KEYS[5] the caller's notify list
--- ARGV[1] token   ARGV[2] the caller's queue entry ("" if none)
+-- ARGV[1] token   ARGV[2] the caller's queue entry ("" for a plain release)
 -- ARGV[3] meta_ttl_ms
 --
 -- The next waiter's notify list is KEYS[1] .. ':n:' .. its token: the same
@@ -13,12 +13,17 @@
 -- Returns 0 not the owner (nothing else changed but our own queue entry),
 --         1 released (nobody waiting), 2 handed off.
 if ARGV[2] ~= '' then
+  -- A waiter giving up: leave the queue and drop any wake-up sent to us.
   redis.call('ZREM', KEYS[3], ARGV[2])
   redis.call('ZREM', KEYS[4], ARGV[2])
+  redis.call('DEL', KEYS[5])
 end
-redis.call('DEL', KEYS[5])
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
+end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('DEL', KEYS[1])
+  return 1
 end
 
 local t = redis.call('TIME')
