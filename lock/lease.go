@@ -108,12 +108,26 @@ func (l *Lease) setReleasing(v bool) {
 // Release frees the lock, or hands it to the next waiter. It runs even if
 // ctx is already cancelled (it is bounded by its own timeout instead), so a
 // deferred Release always reaches the store. ErrNotHeld means the lock had
-// already been lost; nothing else was touched.
+// already been lost; nothing else was touched. Any other error still ends
+// the lease (renewal stops), so the lock frees itself within its TTL.
 func (l *Lease) Release(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	l.setReleasing(true)
 	err := l.b.Release(ctx, l.Key, l.Token)
+	for attempt := 1; attempt < releaseAttempts && err != nil && !errors.Is(err, ErrNotHeld) && ctx.Err() == nil; attempt++ {
+		// A connection error (a store restart, say) is worth another try.
+		// If the failed attempt did reach the store the retry reports
+		// ErrNotHeld: we cannot tell that from a lock lost earlier, so we
+		// report the safe answer, lost.
+		t := time.NewTimer(time.Duration(attempt) * 50 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		err = l.b.Release(ctx, l.Key, l.Token)
+	}
 	switch {
 	case err == nil:
 		l.end(ErrReleased)
@@ -121,7 +135,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.setReleasing(false)
 		l.lose(ErrNotHeld)
 	default:
-		l.setReleasing(false) // still ours as far as we know; the watchdog carries on
+		// We meant to let go: stop renewing so the lock frees itself
+		// within its TTL even though the store did not confirm.
+		l.end(fmt.Errorf("%w without confirmation (%w); the lock expires within its TTL", ErrReleased, err))
 	}
 	return err
 }

@@ -51,6 +51,8 @@ const (
 	MinTTL = 10 * time.Millisecond
 	// releaseTimeout bounds a Release whose caller's context was cancelled.
 	releaseTimeout = 5 * time.Second
+	// releaseAttempts bounds how often Release tries a store that errs.
+	releaseAttempts = 3
 )
 
 // Options tune one acquisition. The zero value is valid: TTL 10s, not fair.

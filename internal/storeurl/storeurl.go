@@ -36,9 +36,8 @@ func Redact(s string) string {
 		}
 		return s
 	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
+	// A bare user part ("redis://token@host") may be a secret too.
+	u.User = url.User("xxxxx")
 	return u.String()
 }
 
@@ -80,6 +79,9 @@ func redactErr(err error, s string) string {
 	if u, perr := url.Parse(s); perr == nil && u.User != nil {
 		if p, has := u.User.Password(); has && p != "" {
 			msg = strings.ReplaceAll(msg, p, "xxxxx")
+		}
+		if n := u.User.Username(); n != "" {
+			msg = strings.ReplaceAll(msg, n, "xxxxx")
 		}
 	}
 	return msg

@@ -72,9 +72,14 @@ if not redis.call('ZSCORE', KEYS[3], entry) then
 end
 local lease = tonumber(ARGV[4])
 redis.call('ZADD', KEYS[4], now_ms + lease, entry)
--- The queue outlives its last live waiter by a little, then vanishes.
-redis.call('PEXPIRE', KEYS[3], 2 * lease)
-redis.call('PEXPIRE', KEYS[4], 2 * lease)
+-- The queue outlives its last live waiter by a little, then vanishes. Only
+-- ever lengthen it: other waiters may have longer leases than ours.
+if redis.call('PTTL', KEYS[3]) < 2 * lease then
+  redis.call('PEXPIRE', KEYS[3], 2 * lease)
+end
+if redis.call('PTTL', KEYS[4]) < 2 * lease then
+  redis.call('PEXPIRE', KEYS[4], 2 * lease)
+end
 local is_head = 0
 if head == entry then is_head = 1 end
 return {3, pttl, now_us, is_head}

@@ -253,12 +253,21 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 
 // waitWake blocks on the caller's wake-up list for up to d; it returns the
 // grant pushed there, or "" on timeout.
+//
+// The timeout is kept by a client-side deadline, not by BLPOP's own: an idle
+// Redis checks blocked clients' timeouts only once per server tick (100 ms
+// at the default hz 10), far too coarse for taking over an expired lock on
+// time or renewing a short waiter lease. At the deadline the client sends
+// CLIENT UNBLOCK. A grant popped in that instant is not lost: it is also in
+// the lock's meta hash, where the next acquire.lua call finds it.
 func (b *Backend) waitWake(ctx context.Context, key, token string, d time.Duration) (string, error) {
 	notify := b.Key(key) + ":n:" + token
-	secs := max(d, time.Millisecond).Seconds()
-	cmd := b.c.B().Blpop().Key(notify).Timeout(secs).Build().UnblockOnCancel()
-	vals, err := b.c.Do(ctx, cmd).AsStrSlice()
-	if rueidis.IsRedisNil(err) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	// The server-side timeout is only a backstop should the client vanish.
+	cmd := b.c.B().Blpop().Key(notify).Timeout((d + 5*time.Second).Seconds()).Build().UnblockOnCancel()
+	vals, err := b.c.Do(wctx, cmd).AsStrSlice()
+	if rueidis.IsRedisNil(err) || (err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)) {
 		return "", nil
 	}
 	if err != nil {

@@ -1,0 +1,16 @@
+// Command llmgate is the llmgate command line: a distributed flock for scripts and cron jobs (llmgate lock), store benchmarks (llmgate bench) and, later, the gateway (llmgate serve).
+//
+// main stays thin on purpose: it installs no signal handling of its own,
+// because each subcommand needs its own (llmgate lock forwards SIGINT and
+// SIGTERM to the command it runs instead of stopping). See internal/app.
+package main
+
+import (
+	"os"
+
+	"github.com/llmgate/llmgate/internal/app"
+)
+
+func main() {
+	os.Exit(app.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}

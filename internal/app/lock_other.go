@@ -1,0 +1,11 @@
+//go:build !unix
+
+package app
+
+import "fmt"
+
+// runLock needs Unix process groups and signals.
+func (a *App) runLock(lockConfig) int {
+	fmt.Fprintln(a.Stderr, "llmgate lock: not supported on this operating system (it needs Unix process groups)")
+	return exitUsage
+}
