@@ -1,0 +1,542 @@
+// Package memory is the in-process rate-limit backend, with the same semantics as the Redis backend (atomic multi-limit decisions, lanes walked in priority order, leases) for a single process.
+package memory
+
+import (
+	"context"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/llmgate/llmgate/clock"
+	"github.com/llmgate/llmgate/ratelimit"
+)
+
+const (
+	maxScan  = 64 // waiters examined per walk of a lane, as in the Redis backend
+	maxLanes = 8  // lanes walked after a settle
+	// sweepEvery is how many operations pass between sweeps of expired
+	// reservations and permits.
+	sweepEvery = 256
+)
+
+// Backend keeps limits in process memory.
+type Backend struct {
+	clk clock.Clock
+
+	mu           sync.Mutex                      // protects everything below
+	buckets      map[string]*bucket              // kind letter + ":" + scope
+	permits      map[string]map[string]time.Time // scope -> reservation id -> expiry
+	cooldowns    map[string]time.Time            // scope -> end
+	lanes        map[string]*lane
+	reservations map[string]*reservation
+	blocked      map[string]map[string]bool // scope -> lanes with waiters stuck on it
+	seq          uint64
+	ops          int
+}
+
+var _ ratelimit.Backend = (*Backend)(nil)
+
+type bucket struct {
+	level float64
+	at    time.Time
+}
+
+type lane struct {
+	entries []*entry // sorted by (priority, seq)
+}
+
+type entry struct {
+	r       *ratelimit.Request
+	seq     uint64
+	expires time.Time
+	wake    chan ratelimit.Decision // buffered(1): the decision of another's walk, or a hint
+	hinted  time.Time               // when the last hint said it would fit
+}
+
+type reservation struct {
+	r        *ratelimit.Request
+	settled  bool
+	expires  time.Time
+	decision ratelimit.Decision
+}
+
+// New returns an empty backend on clk (nil means the real clock).
+func New(clk clock.Clock) *Backend {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	return &Backend{
+		clk:          clk,
+		buckets:      make(map[string]*bucket),
+		permits:      make(map[string]map[string]time.Time),
+		cooldowns:    make(map[string]time.Time),
+		lanes:        make(map[string]*lane),
+		reservations: make(map[string]*reservation),
+		blocked:      make(map[string]map[string]bool),
+	}
+}
+
+func bucketKey(c ratelimit.Charge) string {
+	if c.Limit.Kind == ratelimit.Tokens {
+		return "t:" + c.Scope
+	}
+	return "r:" + c.Scope
+}
+
+func rate(c ratelimit.Charge) float64 { // units per nanosecond
+	return float64(c.Limit.Limit) / float64(c.Limit.Window)
+}
+
+// levelLocked returns the refilled level of c's bucket; b.mu must be held.
+func (b *Backend) levelLocked(c ratelimit.Charge, now time.Time) *bucket {
+	k := bucketKey(c)
+	bk := b.buckets[k]
+	burst := float64(c.Limit.Burst)
+	if bk == nil {
+		bk = &bucket{level: burst, at: now}
+		b.buckets[k] = bk
+		return bk
+	}
+	if now.After(bk.at) {
+		bk.level = math.Min(burst, bk.level+float64(now.Sub(bk.at))*rate(c))
+		bk.at = now
+	}
+	return bk
+}
+
+// permitsLocked returns the live permits of c's scope; b.mu must be held.
+func (b *Backend) permitsLocked(scope string, now time.Time) map[string]time.Time {
+	p := b.permits[scope]
+	if p == nil {
+		p = make(map[string]time.Time)
+		b.permits[scope] = p
+	}
+	for id, exp := range p {
+		if !now.Before(exp) {
+			delete(p, id)
+		}
+	}
+	return p
+}
+
+// evaluateLocked mirrors evaluate() in lib.lua.
+func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[string]bool, now time.Time) (ok bool, wait time.Duration, first int, refused []ratelimit.Charge) {
+	ok = true
+	unknown := false
+	first = -1
+	for i, c := range r.Charges {
+		var w time.Duration
+		deny, wUnknown := false, false
+		if end, has := b.cooldowns[c.Scope]; has && end.After(now) {
+			deny, w = true, end.Sub(now)
+		}
+		if blocked[c.Limit.Kind.String()+":"+c.Scope] {
+			deny, wUnknown = true, true
+		}
+		if c.Limit.Kind == ratelimit.Concurrency {
+			if int64(len(b.permitsLocked(c.Scope, now)))+1 > c.Limit.Limit {
+				deny, wUnknown = true, true
+			}
+		} else {
+			bk := b.levelLocked(c, now)
+			if bk.level < float64(c.Cost) {
+				need := time.Duration(math.Ceil((float64(c.Cost) - bk.level) / rate(c)))
+				deny = true
+				w = max(w, need)
+			}
+		}
+		if deny {
+			ok = false
+			if first < 0 {
+				first = i
+			}
+			refused = append(refused, c)
+			if wUnknown {
+				unknown = true
+			}
+			wait = max(wait, w)
+		}
+	}
+	if ok || unknown {
+		wait = 0
+	}
+	return ok, wait, first, refused
+}
+
+func (b *Backend) chargeLocked(r *ratelimit.Request, now time.Time) {
+	for _, c := range r.Charges {
+		if c.Limit.Kind == ratelimit.Concurrency {
+			b.permitsLocked(c.Scope, now)[r.ID] = now.Add(r.Hold)
+			continue
+		}
+		b.levelLocked(c, now).level -= float64(c.Cost)
+	}
+}
+
+func (b *Backend) decisionLocked(r *ratelimit.Request, ok bool, wait time.Duration, first int, now time.Time) ratelimit.Decision {
+	d := ratelimit.Decision{ID: r.ID, Allowed: ok, Limits: make([]ratelimit.Status, len(r.Charges))}
+	for i, c := range r.Charges {
+		st := ratelimit.Status{Scope: c.Scope, Kind: c.Limit.Kind, Limit: c.Limit.Limit}
+		if c.Limit.Kind == ratelimit.Concurrency {
+			st.Remaining = max(c.Limit.Limit-int64(len(b.permitsLocked(c.Scope, now))), 0)
+		} else {
+			bk := b.levelLocked(c, now)
+			st.Remaining = max(int64(math.Floor(bk.level)), 0)
+			st.Reset = max(time.Duration(math.Ceil((float64(c.Limit.Burst)-bk.level)/rate(c))), 0)
+		}
+		d.Limits[i] = st
+	}
+	if !ok {
+		d.RetryAfter = wait
+		if first >= 0 {
+			d.DeniedBy = r.Charges[first].Scope
+			d.DeniedKind = r.Charges[first].Limit.Kind
+		}
+	}
+	return d
+}
+
+func (b *Backend) reserveLocked(r *ratelimit.Request, d ratelimit.Decision, now time.Time) {
+	b.reservations[r.ID] = &reservation{r: r, expires: now.Add(r.Hold), decision: d}
+}
+
+// reservationLocked returns id's reservation unless it expired.
+func (b *Backend) reservationLocked(id string, now time.Time) *reservation {
+	res := b.reservations[id]
+	if res != nil && !now.Before(res.expires) {
+		delete(b.reservations, id)
+		return nil
+	}
+	return res
+}
+
+// sweepLocked drops expired reservations now and then, bounding memory.
+func (b *Backend) sweepLocked(now time.Time) {
+	b.ops++
+	if b.ops%sweepEvery != 0 {
+		return
+	}
+	for id, res := range b.reservations {
+		if !now.Before(res.expires) {
+			delete(b.reservations, id)
+		}
+	}
+	for scope := range b.permits {
+		if len(b.permitsLocked(scope, now)) == 0 {
+			delete(b.permits, scope)
+		}
+	}
+	for scope, end := range b.cooldowns {
+		if !end.After(now) {
+			delete(b.cooldowns, scope)
+		}
+	}
+}
+
+func (b *Backend) laneLocked(name string) *lane {
+	l := b.lanes[name]
+	if l == nil {
+		l = &lane{}
+		b.lanes[name] = l
+	}
+	return l
+}
+
+func (l *lane) remove(id string) *entry {
+	for i, e := range l.entries {
+		if e.r.ID == id {
+			l.entries = append(l.entries[:i], l.entries[i+1:]...)
+			return e
+		}
+	}
+	return nil
+}
+
+func (l *lane) find(id string) *entry {
+	for _, e := range l.entries {
+		if e.r.ID == id {
+			return e
+		}
+	}
+	return nil
+}
+
+// walkLocked mirrors walk() in lib.lua: it admits, in order, every waiter
+// of the lane that fits and wakes each (self's result is returned instead).
+func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.Decision, mineAdmitted bool, mineWait time.Duration) {
+	l := b.lanes[name]
+	if l == nil {
+		return nil, false, 0
+	}
+	blocked := make(map[string]bool)
+	headed := false
+	scanned := 0
+	for i := 0; i < len(l.entries) && scanned < maxScan; {
+		e := l.entries[i]
+		scanned++
+		if !now.Before(e.expires) {
+			l.entries = append(l.entries[:i], l.entries[i+1:]...) // died while queued
+			continue
+		}
+		ok, wait, first, refused := b.evaluateLocked(e.r, blocked, now)
+		if ok {
+			b.chargeLocked(e.r, now)
+			d := b.decisionLocked(e.r, true, 0, -1, now)
+			l.entries = append(l.entries[:i], l.entries[i+1:]...)
+			b.reserveLocked(e.r, d, now)
+			if e.r.ID == self {
+				mine, mineAdmitted = &d, true
+			} else {
+				select {
+				case <-e.wake: // drop a hint not yet read
+				default:
+				}
+				e.wake <- d
+			}
+			continue
+		}
+		for _, c := range refused {
+			blocked[c.Limit.Kind.String()+":"+c.Scope] = true
+			set := b.blocked[c.Scope]
+			if set == nil {
+				set = make(map[string]bool)
+				b.blocked[c.Scope] = set
+			}
+			set[name] = true
+		}
+		if e.r.ID == self {
+			d := b.decisionLocked(e.r, false, wait, first, now)
+			mine, mineWait = &d, wait
+		} else if !headed && wait > 0 {
+			// The first waiter that cannot go yet learns when it will fit.
+			if target := now.Add(wait); e.hinted.Sub(target).Abs() > time.Millisecond {
+				e.hinted = target
+				select {
+				case e.wake <- ratelimit.Decision{ID: e.r.ID, RetryAfter: wait}:
+				default: // an unread hint is there; the waiter re-checks anyway
+				}
+			}
+		}
+		headed = true
+		i++
+	}
+	if len(l.entries) == 0 {
+		delete(b.lanes, name)
+	}
+	return mine, mineAdmitted, mineWait
+}
+
+func (b *Backend) admit(r *ratelimit.Request, queue bool, lease time.Duration) (d ratelimit.Decision, admitted bool, e *entry) {
+	now := b.clk.Now()
+	b.sweepLocked(now)
+	if res := b.reservationLocked(r.ID, now); res != nil && !res.settled {
+		return res.decision, true, nil // admitted by another caller's walk
+	}
+	l := b.lanes[r.Lane]
+	if l == nil || len(l.entries) == 0 {
+		// Fast path: nobody waits in this lane.
+		ok, wait, first, _ := b.evaluateLocked(r, nil, now)
+		if ok {
+			b.chargeLocked(r, now)
+			d := b.decisionLocked(r, true, 0, -1, now)
+			b.reserveLocked(r, d, now)
+			return d, true, nil
+		}
+		if !queue {
+			return b.decisionLocked(r, false, wait, first, now), false, nil
+		}
+	}
+	if !queue {
+		lease = time.Second
+	}
+	l = b.laneLocked(r.Lane)
+	e = l.find(r.ID)
+	if e == nil {
+		b.seq++
+		e = &entry{r: r, seq: b.seq, wake: make(chan ratelimit.Decision, 1)}
+		i := sort.Search(len(l.entries), func(i int) bool {
+			x := l.entries[i]
+			return x.r.Priority > r.Priority || (x.r.Priority == r.Priority && x.seq > e.seq)
+		})
+		l.entries = append(l.entries, nil)
+		copy(l.entries[i+1:], l.entries[i:])
+		l.entries[i] = e
+	}
+	e.expires = now.Add(lease)
+	mine, ok, _ := b.walkLocked(r.Lane, r.ID, now)
+	if ok {
+		return *mine, true, nil
+	}
+	if !queue {
+		if lane := b.lanes[r.Lane]; lane != nil {
+			lane.remove(r.ID)
+			if len(lane.entries) == 0 {
+				delete(b.lanes, r.Lane)
+			}
+		}
+	}
+	if mine != nil {
+		return *mine, false, e
+	}
+	// Queued beyond the part of the lane a walk examines.
+	_, _, first, _ := b.evaluateLocked(r, nil, now)
+	return b.decisionLocked(r, false, 0, first, now), false, e
+}
+
+// Admit makes one attempt; see ratelimit.Backend.
+func (b *Backend) Admit(_ context.Context, r *ratelimit.Request) (ratelimit.Decision, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, _, _ := b.admit(r, false, 0)
+	return d, nil
+}
+
+// Enqueue queues r (or renews its place) and walks its lane.
+func (b *Backend) Enqueue(_ context.Context, r *ratelimit.Request, lease time.Duration) (ratelimit.Decision, bool, time.Duration, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, ok, _ := b.admit(r, true, lease)
+	return d, ok, d.RetryAfter, nil
+}
+
+// Await waits up to timeout for another caller's walk to admit r.
+func (b *Backend) Await(ctx context.Context, r *ratelimit.Request, timeout time.Duration) (ratelimit.Decision, bool, error) {
+	b.mu.Lock()
+	var wake chan ratelimit.Decision
+	if l := b.lanes[r.Lane]; l != nil {
+		if e := l.find(r.ID); e != nil {
+			wake = e.wake
+		}
+	}
+	if wake == nil {
+		// Not queued: admitted meanwhile, or evicted.
+		res := b.reservationLocked(r.ID, b.clk.Now())
+		b.mu.Unlock()
+		if res != nil && !res.settled {
+			return res.decision, true, nil
+		}
+		return ratelimit.Decision{}, false, nil
+	}
+	b.mu.Unlock()
+	fired := make(chan struct{})
+	t := b.clk.AfterFunc(timeout, func() { close(fired) })
+	defer t.Stop()
+	select {
+	case d := <-wake:
+		return d, d.Allowed, nil
+	case <-fired:
+		return ratelimit.Decision{}, false, nil
+	case <-ctx.Done():
+		return ratelimit.Decision{}, false, ctx.Err()
+	}
+}
+
+// Abandon takes r out of its lane, refunding it if it was admitted meanwhile.
+func (b *Backend) Abandon(_ context.Context, r *ratelimit.Request) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if l := b.lanes[r.Lane]; l != nil {
+		l.remove(r.ID)
+		if len(l.entries) == 0 {
+			delete(b.lanes, r.Lane)
+		}
+	}
+	b.settleLocked(r.ID, nil, b.clk.Now())
+	return nil
+}
+
+// Settle applies the real costs; nil actual refunds everything.
+func (b *Backend) Settle(_ context.Context, id string, actual []int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.settleLocked(id, actual, b.clk.Now()) == 0 {
+		return ratelimit.ErrUnknownReservation
+	}
+	return nil
+}
+
+// settleLocked mirrors settle() in lib.lua: 0 unknown, 1 settled, 2 already.
+func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
+	res := b.reservationLocked(id, now)
+	if res == nil {
+		return 0
+	}
+	if res.settled {
+		return 2
+	}
+	lanes := []string{res.r.Lane}
+	seen := map[string]bool{res.r.Lane: true}
+	for i, c := range res.r.Charges {
+		if c.Limit.Kind == ratelimit.Concurrency {
+			delete(b.permitsLocked(c.Scope, now), id)
+		} else {
+			a := int64(0)
+			if actual != nil {
+				a = c.Cost
+				if i < len(actual) {
+					a = actual[i]
+				}
+			}
+			bk := b.levelLocked(c, now)
+			bk.level = math.Min(float64(c.Limit.Burst), bk.level-float64(a-c.Cost))
+		}
+		for ln := range b.blocked[c.Scope] {
+			if !seen[ln] && len(lanes) < maxLanes {
+				lanes = append(lanes, ln)
+				seen[ln] = true
+			}
+		}
+		delete(b.blocked, c.Scope)
+	}
+	res.settled = true
+	for _, ln := range lanes {
+		b.walkLocked(ln, "", now)
+	}
+	return 1
+}
+
+// Extend keeps an unsettled reservation alive for hold from now.
+func (b *Backend) Extend(_ context.Context, id string, hold time.Duration) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.clk.Now()
+	res := b.reservationLocked(id, now)
+	if res == nil || res.settled {
+		return ratelimit.ErrUnknownReservation
+	}
+	res.expires = now.Add(hold)
+	for _, c := range res.r.Charges {
+		if c.Limit.Kind == ratelimit.Concurrency {
+			p := b.permitsLocked(c.Scope, now)
+			if _, ok := p[id]; ok {
+				p[id] = now.Add(hold)
+			}
+		}
+	}
+	return nil
+}
+
+// Cooldown holds back scope for d, never shortening a longer cooldown.
+func (b *Backend) Cooldown(_ context.Context, scope string, d time.Duration) (time.Duration, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.clk.Now()
+	want := now.Add(d)
+	if cur, ok := b.cooldowns[scope]; ok && !cur.Before(want) {
+		return cur.Sub(now), nil
+	}
+	b.cooldowns[scope] = want
+	return d, nil
+}
+
+// Observe lowers scope's bucket for l to at most remaining.
+func (b *Backend) Observe(_ context.Context, scope string, l ratelimit.Limit, remaining int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	bk := b.levelLocked(ratelimit.Charge{Scope: scope, Limit: l}, b.clk.Now())
+	if bk.level > float64(remaining) {
+		bk.level = float64(remaining)
+	}
+	return nil
+}

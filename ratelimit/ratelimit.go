@@ -1,0 +1,524 @@
+// Package ratelimit admits requests against several rate and concurrency limits at once, atomically and across replicas: reserve an estimate, settle the real usage, and wait in a fair priority queue instead of failing.
+//
+// A rate limit (Requests or Tokens per Window) is a bucket holding Burst
+// units (default: one window's worth) that refills continuously at
+// Limit/Window: the way providers enforce RPM and TPM. A quiet period is
+// followed by the full allowance, and the limiter never admits more than
+// such a bucket would. A Concurrency limit counts permits held at once; each
+// permit is a lease that expires if its holder dies.
+//
+// A Request names every limit it must pass (a Charge per scope and kind, e.g.
+// the deployment's RPM and TPM and the tenant's RPM). The decision is atomic
+// over all of them: either every limit admits the request and all are
+// charged, or none is. Admission reserves the estimate; Settle charges or
+// refunds the difference once the real usage is known.
+//
+// Wait queues the request in its lane (by default its first charge's scope)
+// in priority then arrival order. Whenever capacity may have freed (a settle,
+// a refund, a permit release, a refill the queue head was told to expect),
+// the queue is walked from the head and every waiter that now fits is
+// admitted and woken; a waiter blocked only by its own scope (its tenant's
+// limit, say) does not hold up waiters behind it that do not share that
+// scope. Nobody polls.
+package ratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+)
+
+// Errors returned by this package and its backends.
+var (
+	// ErrLimited is returned by Wait when the context ended before the
+	// request was admitted; the Decision says which limit held it back.
+	ErrLimited = errors.New("ratelimit: limited")
+	// ErrImpossible means a charge can never be admitted: its cost exceeds
+	// the bucket's burst, or a concurrency limit is below one.
+	ErrImpossible = errors.New("ratelimit: cost exceeds the limit")
+	// ErrUnknownReservation means Settle or Refund named a reservation that
+	// does not exist: never made, or expired unsettled (its estimate stands).
+	ErrUnknownReservation = errors.New("ratelimit: unknown or expired reservation")
+	// ErrStoreUnavailable wraps a store error when a fail-closed limit
+	// could not be checked.
+	ErrStoreUnavailable = errors.New("ratelimit: store unavailable")
+	// ErrInvalid wraps errors about malformed requests or limits.
+	ErrInvalid = errors.New("ratelimit: invalid request")
+)
+
+// Kind says what a limit counts.
+type Kind uint8
+
+// Limit kinds.
+const (
+	// Requests per Window, refilled continuously.
+	Requests Kind = iota + 1
+	// Tokens per Window (input + output), refilled continuously.
+	Tokens
+	// Concurrency is the number of permits held at once.
+	Concurrency
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Requests:
+		return "requests"
+	case Tokens:
+		return "tokens"
+	case Concurrency:
+		return "concurrency"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// letter is the kind's one-letter code in store keys and scripts.
+func (k Kind) letter() string {
+	switch k {
+	case Requests:
+		return "r"
+	case Tokens:
+		return "t"
+	default:
+		return "c"
+	}
+}
+
+// Limit is one quota.
+type Limit struct {
+	Kind Kind
+	// Limit is the allowance per Window, or the number of permits.
+	Limit int64
+	// Window is the refill period of a rate limit (time.Minute for RPM and
+	// TPM); ignored for Concurrency.
+	Window time.Duration
+	// Burst is the bucket size of a rate limit; 0 means Limit (one full
+	// window, as providers do). Ignored for Concurrency.
+	Burst int64
+	// FailClosed denies requests when the store cannot be reached. The
+	// default (false) admits them: an outage of the coordination store
+	// should not take the service down with it. Budgets default the other way.
+	FailClosed bool
+}
+
+func (l Limit) burst() int64 {
+	if l.Kind == Concurrency {
+		return l.Limit
+	}
+	if l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Limit
+}
+
+// Charge applies one limit to one scope for one request.
+type Charge struct {
+	// Scope names who the limit is for, e.g. "deployment:openai-key1/gpt-4.1"
+	// or "tenant:team-a". Charges of different kinds share a scope;
+	// Cooldown and Observe act on a scope.
+	Scope string
+	Limit Limit
+	// Cost is what the request takes: 1 for Requests and Concurrency (0
+	// means 1), the token estimate for Tokens.
+	Cost int64
+}
+
+// Priority orders waiters: lower values are served first.
+type Priority int8
+
+// Priority classes.
+const (
+	Interactive Priority = 0
+	Batch       Priority = 1
+)
+
+// DefaultHold is how long a reservation lives unsettled (and a concurrency
+// permit unreleased) before it is dropped as abandoned.
+const DefaultHold = time.Minute
+
+// DefaultWaiterLease is how long a queued waiter's place survives without
+// renewal; waiters renew every third of it while they wait.
+const DefaultWaiterLease = 3 * time.Second
+
+// Request is one admission.
+type Request struct {
+	// ID identifies the reservation; Settle and Refund are idempotent per
+	// ID. Empty means a random one.
+	ID      string
+	Charges []Charge
+	// Priority orders waiters within a lane.
+	Priority Priority
+	// Lane is the queue the request waits in; empty means the first
+	// charge's scope (normally the provider deployment).
+	Lane string
+	// Hold bounds how long the reservation and its concurrency permits live
+	// without Settle or Refund. Default DefaultHold.
+	Hold time.Duration
+}
+
+// Status is the state of one charged limit after a decision.
+type Status struct {
+	Scope string
+	Kind  Kind
+	Limit int64
+	// Remaining is what is left now (whole units, never negative).
+	Remaining int64
+	// Reset is how long until the bucket is full again (0 for Concurrency).
+	Reset time.Duration
+}
+
+// Decision is the answer to one admission.
+type Decision struct {
+	// ID is the reservation to Settle or Refund when Allowed.
+	ID      string
+	Allowed bool
+	// RetryAfter, when not allowed, is how long until this request would
+	// fit if nothing else were admitted meanwhile; 0 when it depends on a
+	// release (a concurrency permit) rather than on time.
+	RetryAfter time.Duration
+	// DeniedBy is the scope of the first limit that refused, when not allowed.
+	DeniedBy string
+	// DeniedKind is the kind of that limit.
+	DeniedKind Kind
+	// Limits has one status per charge, in the request's order.
+	Limits []Status
+	// Degraded is set when the store could not be reached and the request
+	// was admitted because all its limits fail open.
+	Degraded bool
+}
+
+// Backend is the store side of a limiter; see lock/redis and memory for
+// implementations. Requests it receives are validated and normalised.
+type Backend interface {
+	// Admit makes one attempt: the request is admitted if every limit has
+	// room and no earlier waiter in its lane is blocked on one of its
+	// scopes; it never stays queued.
+	Admit(ctx context.Context, r *Request) (Decision, error)
+	// Enqueue puts r in its lane (or renews its place, which lives for
+	// lease), then admits whoever fits from the head of the lane. It reports
+	// r's decision if r was admitted, and otherwise how long r should wait
+	// before asking again (hint; 0 = no estimate).
+	Enqueue(ctx context.Context, r *Request, lease time.Duration) (d Decision, admitted bool, hint time.Duration, err error)
+	// Await blocks up to timeout for another caller's walk to admit r. A
+	// walk may instead tell r, now first in line, when it will fit: Await
+	// then returns d with Allowed false and RetryAfter set. On timeout d is
+	// the zero Decision.
+	Await(ctx context.Context, r *Request, timeout time.Duration) (d Decision, admitted bool, err error)
+	// Abandon takes r out of its lane; if it was admitted meanwhile, the
+	// reservation is refunded.
+	Abandon(ctx context.Context, r *Request) error
+	// Settle charges actual[i] instead of the reserved cost for each rate
+	// charge (same order as the request) and releases concurrency permits.
+	// A nil actual refunds every charge. Settling twice is a no-op.
+	Settle(ctx context.Context, id string, actual []int64) error
+	// Extend keeps an unsettled reservation and its permits alive for hold
+	// from now.
+	Extend(ctx context.Context, id string, hold time.Duration) error
+	// Cooldown blocks every charge on scope until d from now; it only ever
+	// moves the end of a cooldown later. It returns the time left.
+	Cooldown(ctx context.Context, scope string, d time.Duration) (time.Duration, error)
+	// Observe lowers the scope's bucket of limit l to at most remaining
+	// (what the provider says is left).
+	Observe(ctx context.Context, scope string, l Limit, remaining int64) error
+}
+
+// Stats counts what a Limiter did; read it with Limiter.Stats.
+type Stats struct {
+	Admitted, Denied, Waited, StoreErrors, FailedOpen, FailedClosed int64
+}
+
+// Limiter checks requests against a Backend.
+type Limiter struct {
+	b           Backend
+	log         *slog.Logger
+	waiterLease time.Duration
+
+	admitted, denied, waited, storeErrors, failedOpen, failedClosed atomic.Int64
+}
+
+// Option configures a Limiter.
+type Option func(*Limiter)
+
+// WithLogger sets where store outages are logged (default: discarded).
+func WithLogger(l *slog.Logger) Option { return func(x *Limiter) { x.log = l } }
+
+// WithWaiterLease sets how long a waiter's place survives without renewal.
+func WithWaiterLease(d time.Duration) Option { return func(x *Limiter) { x.waiterLease = d } }
+
+// New returns a Limiter over b.
+func New(b Backend, opts ...Option) *Limiter {
+	l := &Limiter{b: b, waiterLease: DefaultWaiterLease}
+	for _, o := range opts {
+		o(l)
+	}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	if l.waiterLease < 30*time.Millisecond {
+		l.waiterLease = 30 * time.Millisecond
+	}
+	return l
+}
+
+// Stats returns the counters so far.
+func (l *Limiter) Stats() Stats {
+	return Stats{
+		Admitted: l.admitted.Load(), Denied: l.denied.Load(), Waited: l.waited.Load(),
+		StoreErrors: l.storeErrors.Load(), FailedOpen: l.failedOpen.Load(), FailedClosed: l.failedClosed.Load(),
+	}
+}
+
+// normalize validates r and fills its defaults in a copy.
+func normalize(r Request) (*Request, error) {
+	if len(r.Charges) == 0 {
+		return nil, fmt.Errorf("%w: no charges", ErrInvalid)
+	}
+	if r.ID == "" {
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		r.ID = hex.EncodeToString(b[:])
+	}
+	if r.Hold <= 0 {
+		r.Hold = DefaultHold
+	}
+	if r.Hold < time.Millisecond {
+		return nil, fmt.Errorf("%w: hold %v below 1ms", ErrInvalid, r.Hold)
+	}
+	r.Charges = append([]Charge(nil), r.Charges...)
+	for i := range r.Charges {
+		c := &r.Charges[i]
+		if c.Scope == "" {
+			return nil, fmt.Errorf("%w: charge %d has no scope", ErrInvalid, i)
+		}
+		switch c.Limit.Kind {
+		case Requests, Concurrency:
+			if c.Cost == 0 {
+				c.Cost = 1
+			}
+			if c.Limit.Kind == Concurrency && c.Cost != 1 {
+				return nil, fmt.Errorf("%w: concurrency charge on %q must cost 1", ErrInvalid, c.Scope)
+			}
+		case Tokens:
+		default:
+			return nil, fmt.Errorf("%w: charge %d on %q has no kind", ErrInvalid, i, c.Scope)
+		}
+		if c.Cost < 0 {
+			return nil, fmt.Errorf("%w: negative cost %d on %q", ErrInvalid, c.Cost, c.Scope)
+		}
+		if c.Limit.Limit <= 0 {
+			return nil, fmt.Errorf("%w: %s limit on %q is %d; it must be at least 1", ErrImpossible, c.Limit.Kind, c.Scope, c.Limit.Limit)
+		}
+		if c.Limit.Kind != Concurrency {
+			if c.Limit.Window <= 0 {
+				return nil, fmt.Errorf("%w: %s limit on %q has no window", ErrInvalid, c.Limit.Kind, c.Scope)
+			}
+			if c.Limit.Window < time.Millisecond {
+				return nil, fmt.Errorf("%w: %s window on %q is below 1ms", ErrInvalid, c.Limit.Kind, c.Scope)
+			}
+			c.Limit.Burst = c.Limit.burst()
+			if c.Cost > c.Limit.Burst {
+				return nil, fmt.Errorf("%w: %d %s on %q exceed its bucket of %d", ErrImpossible, c.Cost, c.Limit.Kind, c.Scope, c.Limit.Burst)
+			}
+		}
+	}
+	if r.Lane == "" {
+		r.Lane = r.Charges[0].Scope
+	}
+	return &r, nil
+}
+
+// failOpen reports whether every charge of r admits on a store outage.
+func failOpen(r *Request) bool {
+	for _, c := range r.Charges {
+		if c.Limit.FailClosed {
+			return false
+		}
+	}
+	return true
+}
+
+// outage applies the store-outage policy of r's limits to err.
+func (l *Limiter) outage(r *Request, err error) (Decision, error) {
+	l.storeErrors.Add(1)
+	if failOpen(r) {
+		l.failedOpen.Add(1)
+		l.log.Warn("ratelimit: store unavailable; admitting (fail-open)", "lane", r.Lane, "err", err)
+		return Decision{ID: r.ID, Allowed: true, Degraded: true}, nil
+	}
+	l.failedClosed.Add(1)
+	l.log.Error("ratelimit: store unavailable; denying (fail-closed)", "lane", r.Lane, "err", err)
+	return Decision{ID: r.ID}, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+}
+
+func (l *Limiter) count(d Decision) {
+	if d.Allowed {
+		l.admitted.Add(1)
+	} else {
+		l.denied.Add(1)
+	}
+}
+
+// Allow makes one attempt and never waits. When the request is not
+// admitted, Decision.RetryAfter says when it would fit.
+func (l *Limiter) Allow(ctx context.Context, req Request) (Decision, error) {
+	r, err := normalize(req)
+	if err != nil {
+		return Decision{}, err
+	}
+	d, err := l.b.Admit(ctx, r)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Decision{ID: r.ID}, err
+		}
+		return l.outage(r, err)
+	}
+	l.count(d)
+	return d, nil
+}
+
+// Wait queues the request until every limit admits it or ctx ends. On ctx
+// end it returns an error wrapping ErrLimited and ctx.Err(), with the last
+// decision (which limit held it back, and the retry-after). A transient
+// store error while waiting is retried until ctx ends; a store outage at the
+// first attempt applies the fail-open/fail-closed policy.
+func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
+	r, err := normalize(req)
+	if err != nil {
+		return Decision{}, err
+	}
+	renew := l.waiterLease / 3
+	first := true
+	var last Decision
+	backoff := 10 * time.Millisecond
+	for {
+		d, admitted, hint, err := l.b.Enqueue(ctx, r, l.waiterLease)
+		if err != nil {
+			if first && ctx.Err() == nil {
+				return l.outage(r, err)
+			}
+			if werr := sleepCtx(ctx, backoff); werr != nil {
+				return l.giveUp(ctx, r, last)
+			}
+			backoff = min(2*backoff, 500*time.Millisecond)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		if admitted {
+			if !first {
+				l.waited.Add(1)
+			}
+			l.count(d)
+			return d, nil
+		}
+		if first {
+			last = d
+		}
+		first = false
+		if d.DeniedBy != "" {
+			last = d
+		}
+		renewAt := time.Now().Add(renew)
+		for {
+			// Sleep until told, until the hint says we fit, or until our
+			// place needs renewing, whichever is first.
+			wake := renewAt
+			if hint > 0 && time.Now().Add(hint).Before(wake) {
+				wake = time.Now().Add(hint)
+			}
+			d, admitted, err = l.b.Await(ctx, r, max(time.Until(wake), time.Millisecond))
+			if admitted && err == nil {
+				l.waited.Add(1)
+				l.count(d)
+				return d, nil
+			}
+			if ctx.Err() != nil {
+				return l.giveUp(ctx, r, last)
+			}
+			if err != nil || d.RetryAfter <= 0 {
+				break // timed out (or a transient error): renew and walk
+			}
+			hint = d.RetryAfter // a walk told us when we will fit
+		}
+	}
+}
+
+func (l *Limiter) giveUp(ctx context.Context, r *Request, last Decision) (Decision, error) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = l.b.Abandon(actx, r) // best effort: the waiter's place expires anyway
+	l.denied.Add(1)
+	last.ID = r.ID
+	last.Allowed = false
+	return last, fmt.Errorf("%w: %w", ErrLimited, ctx.Err())
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Settle records the real cost of an admitted request: actual[i] replaces
+// the reserved cost of charge i (Requests charges are normally left as
+// reserved; pass the same value). Concurrency permits are released. Settling
+// an ID twice is a no-op; an expired reservation gives ErrUnknownReservation
+// (its estimate stands).
+func (l *Limiter) Settle(ctx context.Context, id string, actual []int64) error {
+	if actual == nil {
+		actual = []int64{}
+	}
+	for _, a := range actual {
+		if a < 0 {
+			return fmt.Errorf("%w: negative actual cost %d", ErrInvalid, a)
+		}
+	}
+	return l.b.Settle(ctx, id, actual)
+}
+
+// Refund gives back everything an admitted request reserved (it never
+// reached the provider) and releases its permits. Idempotent.
+func (l *Limiter) Refund(ctx context.Context, id string) error {
+	return l.b.Settle(ctx, id, nil)
+}
+
+// Extend keeps an unsettled reservation and its concurrency permits alive
+// for hold from now (long streams call it periodically).
+func (l *Limiter) Extend(ctx context.Context, id string, hold time.Duration) error {
+	if hold < time.Millisecond {
+		return fmt.Errorf("%w: hold %v below 1ms", ErrInvalid, hold)
+	}
+	return l.b.Extend(ctx, id, hold)
+}
+
+// Cooldown makes every replica hold back requests on scope for d (a
+// provider's 429 retry-after). A later, shorter cooldown never shortens it.
+// It returns the cooldown left.
+func (l *Limiter) Cooldown(ctx context.Context, scope string, d time.Duration) (time.Duration, error) {
+	if scope == "" || d <= 0 {
+		return 0, fmt.Errorf("%w: cooldown needs a scope and a positive duration", ErrInvalid)
+	}
+	return l.b.Cooldown(ctx, scope, d)
+}
+
+// Observe feeds in what the provider reported as remaining for scope's
+// limit l (x-ratelimit-remaining-requests / -tokens): the shared bucket
+// drops to at most that, so every replica slows down together.
+func (l *Limiter) Observe(ctx context.Context, scope string, lim Limit, remaining int64) error {
+	r, err := normalize(Request{Charges: []Charge{{Scope: scope, Limit: lim}}})
+	if err != nil {
+		return err
+	}
+	if lim.Kind == Concurrency {
+		return fmt.Errorf("%w: Observe applies to rate limits", ErrInvalid)
+	}
+	return l.b.Observe(ctx, scope, r.Charges[0].Limit, max(remaining, 0))
+}

@@ -1,0 +1,64 @@
+-- admit.lua: one admission attempt (mode "a") or a waiter joining / renewing
+-- its place in its lane (mode "q"); either way the lane is walked from the head.
+--
+-- KEYS[1] B, the key base "<prefix>{<group>}" (see lib.lua)
+-- ARGV[1] mode "a" or "q"   ARGV[2] request id   ARGV[3] spec (JSON)
+-- ARGV[4] priority          ARGV[5] waiter lease ms (mode "q")
+--
+-- Returns {1, decision} admitted, or {0, decision} not (yet) admitted.
+local B, mode, id, raw = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local S = new_state(B)
+
+-- Admitted earlier by another caller's walk (the wake-up may still be in flight)?
+local prev = redis.call('HMGET', B .. ':r:' .. id, 'd', 'st')
+if prev[1] and prev[2] == '0' then
+  redis.call('DEL', B .. ':n:' .. id)
+  return {1, prev[1]}
+end
+
+local spec = cjson.decode(raw)
+local lane = spec.l
+local q, ql = B .. ':q:' .. lane, B .. ':ql:' .. lane
+
+-- Fast path: nobody waits in this lane.
+if redis.call('EXISTS', q) == 0 then
+  local ok, wait, first = evaluate(S, spec, {})
+  if ok then
+    charge(S, spec, id)
+    local d = decision(S, spec, true, 0, 0)
+    reserve(S, id, raw, spec, d)
+    flush(S)
+    return {1, d}
+  end
+  if mode == 'a' then
+    return {0, decision(S, spec, false, wait, first)}
+  end
+end
+
+local lease = 1000
+if mode == 'q' then lease = tonumber(ARGV[5]) end
+if not redis.call('ZSCORE', q, id) then
+  local seq = redis.call('INCR', B .. ':seq')
+  redis.call('ZADD', q, tonumber(ARGV[4]) * 1e13 + seq, id)
+end
+redis.call('SET', B .. ':e:' .. id, raw, 'PX', 2 * lease)
+redis.call('ZADD', ql, S.now_ms + lease, id)
+if redis.call('PTTL', q) < 2 * lease then
+  redis.call('PEXPIRE', q, 2 * lease)
+  redis.call('PEXPIRE', ql, 2 * lease)
+end
+
+local mine = walk(S, lane, id)
+flush(S)
+if mine and mine[1] then
+  return {1, mine[2]}
+end
+if mode == 'a' then
+  dequeue(S, lane, id)
+end
+if mine then
+  return {0, mine[2]}
+end
+-- Queued beyond the part of the lane a walk examines.
+local _, wait, first = evaluate(S, spec, {})
+return {0, decision(S, spec, false, -1, first)}

@@ -1,0 +1,258 @@
+-- lib.lua: functions shared by the limiter's scripts; prepended to each.
+--
+-- Every key lives under B = KEYS[1] = "<prefix>{<group>}", one Cluster slot:
+--   B:b:<scope>:<r|t>  hash  rate bucket: l = level (units), t = last update (µs)
+--   B:c:<scope>        zset  concurrency permits: member = reservation id, score = expiry (ms)
+--   B:cd:<scope>       string cooldown end (µs), PX = its length
+--   B:q:<lane>         zset  waiters: member = request id, score = priority * 1e13 + arrival seq
+--   B:ql:<lane>        zset  waiters' leases: member = request id, score = expiry (ms)
+--   B:e:<id>           string a queued request's spec (JSON)
+--   B:r:<id>           hash  reservation: s = spec, st = 0 held / 1 settled, d = decision
+--   B:n:<id>           list  wake-up of a waiter: its decision is pushed here
+--   B:bl:<scope>       set   lanes whose waiters are blocked on scope
+--   B:h:<lane>         hash  waiter id -> when it was last told it would fit (µs)
+--   B:seq              string arrival sequence
+-- A spec is {"c": [[kind, scope, limit, window_ms, burst, cost], ...], "h": hold_ms, "l": lane}
+-- with kind "r" (requests), "t" (tokens) or "c" (concurrency).
+-- A decision is {"a": 1|0, "w": wait_us (-1 unknown), "d": index of the first refusing
+-- charge (0 none), "s": [[remaining, reset_ms], ...]}. A wake-up list carries the
+-- waiter's decision when it is admitted, or a hint {"a": 0, "w": wait_us} when
+-- it became the first in its lane that cannot go yet.
+-- Time comes from the server only.
+local MAXSCAN = 64  -- waiters examined per walk of a lane
+local MAXLANES = 8  -- lanes walked after a settle
+
+local function new_state(B)
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return {B = B, now_us = us, now_ms = math.floor(us / 1000), buckets = {}, permits = {}, cooldowns = {}}
+end
+
+local function bucket(S, c)
+  local key = S.B .. ':b:' .. c[2] .. ':' .. c[1]
+  local b = S.buckets[key]
+  if b then return b end
+  local rate = c[3] / (c[4] * 1000) -- units per µs
+  local burst = c[5]
+  local level = burst
+  local v = redis.call('HMGET', key, 'l', 't')
+  if v[1] then
+    level = tonumber(v[1]) + (S.now_us - tonumber(v[2])) * rate
+    if level > burst then level = burst end
+  end
+  b = {key = key, level = level, rate = rate, burst = burst, dirty = false}
+  S.buckets[key] = b
+  return b
+end
+
+local function permits(S, c)
+  local key = S.B .. ':c:' .. c[2]
+  local p = S.permits[key]
+  if p then return p end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', S.now_ms)
+  p = {key = key, count = redis.call('ZCARD', key), limit = c[3], hold = 0}
+  S.permits[key] = p
+  return p
+end
+
+local function cooldown_end(S, scope)
+  local v = S.cooldowns[scope]
+  if v == nil then
+    v = tonumber(redis.call('GET', S.B .. ':cd:' .. scope) or '0')
+    S.cooldowns[scope] = v
+  end
+  return v
+end
+
+-- evaluate reports whether spec fits now. blocked holds "kind:scope" limits
+-- that waiters ahead are stuck on; they refuse too, so nobody jumps the queue
+-- on a limit. Returns ok, wait_us (-1 = unknown), first refusing index, and
+-- the list of refusing charges.
+local function evaluate(S, spec, blocked)
+  local ok, wait, first, refused = true, 0, 0, {}
+  for i, c in ipairs(spec.c) do
+    local w = nil
+    local cd = cooldown_end(S, c[2])
+    if cd > S.now_us then w = cd - S.now_us end
+    if blocked[c[1] .. ':' .. c[2]] then w = -1 end
+    if c[1] == 'c' then
+      local p = permits(S, c)
+      if p.count + 1 > p.limit then w = -1 end
+    else
+      local b = bucket(S, c)
+      if b.level < c[6] then
+        local need = (c[6] - b.level) / b.rate
+        if w == nil or (w >= 0 and need > w) then w = need end
+      end
+    end
+    if w ~= nil then
+      ok = false
+      if first == 0 then first = i end
+      refused[#refused + 1] = c
+      if w < 0 or wait < 0 then wait = -1 elseif w > wait then wait = w end
+    end
+  end
+  if ok then wait = 0 end
+  return ok, math.ceil(wait), first, refused
+end
+
+local function charge(S, spec, id)
+  for _, c in ipairs(spec.c) do
+    if c[1] == 'c' then
+      local p = permits(S, c)
+      redis.call('ZADD', p.key, S.now_ms + spec.h, id)
+      p.count = p.count + 1
+      if spec.h > p.hold then p.hold = spec.h end
+    else
+      local b = bucket(S, c)
+      b.level = b.level - c[6]
+      b.dirty = true
+    end
+  end
+end
+
+local function decision(S, spec, ok, wait, first)
+  local st = {}
+  for i, c in ipairs(spec.c) do
+    if c[1] == 'c' then
+      local p = permits(S, c)
+      st[i] = {math.max(p.limit - p.count, 0), 0}
+    else
+      local b = bucket(S, c)
+      local rem = math.floor(b.level)
+      if rem < 0 then rem = 0 end
+      st[i] = {rem, math.max(math.ceil((b.burst - b.level) / b.rate / 1000), 0)}
+    end
+  end
+  local a = 0
+  if ok then a = 1 end
+  return cjson.encode({a = a, w = wait, d = first, s = st})
+end
+
+-- flush writes back the buckets this run changed. An idle bucket refills
+-- to full and then needs no key: it expires once full.
+local function flush(S)
+  for _, b in pairs(S.buckets) do
+    if b.dirty then
+      redis.call('HSET', b.key, 'l', string.format('%.17g', b.level), 't', string.format('%d', S.now_us))
+      redis.call('PEXPIRE', b.key, math.ceil((b.burst - b.level) / b.rate / 1000) + 1000)
+      b.dirty = false
+    end
+  end
+  for _, p in pairs(S.permits) do
+    if p.hold > 0 and redis.call('PTTL', p.key) < p.hold + 1000 then
+      redis.call('PEXPIRE', p.key, p.hold + 1000)
+    end
+  end
+end
+
+local function reserve(S, id, raw, spec, d)
+  local rk = S.B .. ':r:' .. id
+  redis.call('HSET', rk, 's', raw, 'st', '0', 'd', d)
+  redis.call('PEXPIRE', rk, spec.h)
+end
+
+local function dequeue(S, lane, id)
+  redis.call('ZREM', S.B .. ':q:' .. lane, id)
+  redis.call('ZREM', S.B .. ':ql:' .. lane, id)
+  redis.call('HDEL', S.B .. ':h:' .. lane, id)
+  redis.call('DEL', S.B .. ':e:' .. id)
+end
+
+-- hint tells the first waiter of a lane that cannot go yet when it will fit,
+-- so it sleeps exactly that long; it is told again only if that time moves.
+local function hint(S, lane, id, spec, wait, first)
+  local hk = S.B .. ':h:' .. lane
+  local target = S.now_us + wait
+  local prev = tonumber(redis.call('HGET', hk, id) or '0')
+  if math.abs(prev - target) <= 1000 then return end
+  redis.call('HSET', hk, id, string.format('%d', target))
+  redis.call('PEXPIRE', hk, 60000)
+  local nk = S.B .. ':n:' .. id
+  redis.call('RPUSH', nk, cjson.encode({a = 0, w = wait, d = first}))
+  redis.call('PEXPIRE', nk, spec.h)
+end
+
+-- walk admits, in order, every waiter of lane that fits, and wakes each on
+-- its own list (except self, whose result is returned instead:
+-- {admitted, decision, wait_us} or nil if self was not examined).
+local function walk(S, lane, self)
+  local q, ql = S.B .. ':q:' .. lane, S.B .. ':ql:' .. lane
+  local ids = redis.call('ZRANGE', q, 0, MAXSCAN - 1)
+  local blocked, mine, headed = {}, nil, false
+  for _, id in ipairs(ids) do
+    local raw = redis.call('GET', S.B .. ':e:' .. id)
+    if not raw or tonumber(redis.call('ZSCORE', ql, id) or '0') <= S.now_ms then
+      dequeue(S, lane, id) -- a waiter that died (or gave up) while queued
+    else
+      local spec = cjson.decode(raw)
+      local ok, wait, first, refused = evaluate(S, spec, blocked)
+      if ok then
+        charge(S, spec, id)
+        local d = decision(S, spec, true, 0, 0)
+        dequeue(S, lane, id)
+        reserve(S, id, raw, spec, d)
+        if id == self then
+          mine = {true, d, 0}
+        else
+          local nk = S.B .. ':n:' .. id
+          redis.call('RPUSH', nk, d)
+          redis.call('PEXPIRE', nk, spec.h)
+        end
+      else
+        for _, c in ipairs(refused) do
+          blocked[c[1] .. ':' .. c[2]] = true
+          local bl = S.B .. ':bl:' .. c[2]
+          redis.call('SADD', bl, lane)
+          redis.call('PEXPIRE', bl, 60000)
+        end
+        if id == self then
+          mine = {false, decision(S, spec, false, wait, first), wait}
+        elseif not headed and wait > 0 then
+          hint(S, lane, id, spec, wait, first)
+        end
+        headed = true
+      end
+    end
+  end
+  return mine
+end
+
+-- settle applies the real costs (actual = nil refunds everything), frees
+-- permits and then walks the lanes that may now have room.
+-- Returns 0 unknown reservation, 1 settled, 2 already settled.
+local function settle(S, id, actual)
+  local rk = S.B .. ':r:' .. id
+  local r = redis.call('HMGET', rk, 's', 'st')
+  if not r[1] then return 0 end
+  if r[2] == '1' then return 2 end
+  local spec = cjson.decode(r[1])
+  local lanes, seen = {spec.l}, {[spec.l] = true}
+  for i, c in ipairs(spec.c) do
+    if c[1] == 'c' then
+      redis.call('ZREM', S.B .. ':c:' .. c[2], id)
+      S.permits[S.B .. ':c:' .. c[2]] = nil
+    else
+      local a = 0
+      if actual then a = tonumber(actual[i] or c[6]) end
+      local b = bucket(S, c)
+      b.level = b.level - (a - c[6])
+      if b.level > b.burst then b.level = b.burst end
+      b.dirty = true
+    end
+    local bl = S.B .. ':bl:' .. c[2]
+    for _, lane in ipairs(redis.call('SMEMBERS', bl)) do
+      if not seen[lane] and #lanes < MAXLANES then
+        lanes[#lanes + 1] = lane
+        seen[lane] = true
+      end
+    end
+    redis.call('DEL', bl)
+  end
+  redis.call('HSET', rk, 'st', '1')
+  for _, lane in ipairs(lanes) do
+    walk(S, lane, nil)
+  end
+  flush(S)
+  return 1
+end
