@@ -1,85 +1,83 @@
--- acquire.lua: take the lock if it is free and nobody is queued ahead of us,
--- or join the wait queue (or renew our place in it).
+-- acquire.lua: take the lock if it is free and nobody live is queued ahead
+-- of us, or join the wait queue (or renew our place in it).
 --
--- KEYS[1] lock         string: owner token, PX = lease
--- KEYS[2] meta         hash: f = last fence issued, s = queue sequence,
---                      g = grant of the last hand-off ("fence:granted_us:grant_ms")
--- KEYS[3] queue        zset: member = entry ("token:grant_ms"), score = arrival sequence
--- KEYS[4] leases       zset: member = entry, score = server ms when the waiter's place expires
--- KEYS[5] notify       list: the caller's wake-up list (a hand-off pushes its grant here)
--- ARGV[1] token        the caller's owner token
--- ARGV[2] ttl_ms       lease to set when the lock is taken now
--- ARGV[3] entry        the caller's queue entry
--- ARGV[4] lease_ms     waiter lease; "0" = try once, never queue
--- ARGV[5] meta_ttl_ms  how long meta outlives the last acquisition
+-- KEYS[1] L, the lock: "owner:expires_ms:fence:granted_us:grant_ms" while
+--         held, "-:0:fence:0:0" once released. The lease is kept in the value
+--         (expires_ms, server time) and the key itself lives 7 days, so the
+--         last fence survives releases and expiries. Keys derived from L share
+--         its hash tag, so its Cluster slot:
+--   L:q  zset  queued entries by arrival (server µs)
+--   L:l  zset  queued entries by lease expiry (server ms)
+-- ARGV[1] token   ARGV[2] ttl_ms   ARGV[3] waiter lease ms ("0": try once, never queue)
+-- ARGV[4] entry "token:grant_ms:channel" (the lease to grant on hand-off, and
+--         the Pub/Sub channel suffix that reaches this waiter's process)
 --
--- Returns {1, fence, now_us}            taken now, for ttl_ms
---         {2, grant, now_us}            already handed to us (grant as in meta.g)
---         {0, pttl_ms, now_us}          held or queued ahead; not queued (try once)
---         {3, pttl_ms, now_us, is_head} queued: wait on KEYS[5]; pttl_ms is the holder's
---                                       remaining lease (-2 when free)
+-- Returns {1, fence, now_us}             taken now, for ttl_ms
+--         {2, grant}                     handed to us already: "fence:granted_us:grant_ms"
+--         {0, left_ms, now_us}           not taken (try once)
+--         {3, left_ms, now_us, is_head}  queued; left_ms is the holder's lease left,
+--                                        reported to the queue head only (-1 otherwise)
 -- Time comes from the server only.
+local L, token = KEYS[1], ARGV[1]
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
-local token, entry = ARGV[1], ARGV[3]
 
-local owner = redis.call('GET', KEYS[1])
-if owner == token then
-  -- Handed to us while we were between waits: the grant is in meta.
-  redis.call('DEL', KEYS[5])
-  return {2, redis.call('HGET', KEYS[2], 'g'), now_us}
-end
-
--- Evict waiters at the head whose place expired: they died while queued.
-local head = false
-while true do
-  local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if not h then break end
-  if tonumber(redis.call('ZSCORE', KEYS[4], h) or '0') > now_ms then
-    head = h
-    break
+local owner, expires, last = nil, 0, 0
+local v = redis.call('GET', L)
+if v then
+  local o, e, f, grant = string.match(v, '^([^:]+):(%d+):(%d+):(.*)$')
+  last = tonumber(f)
+  if o ~= '-' and tonumber(e) > now_ms then
+    if o == token then
+      return {2, f .. ':' .. grant}
+    end
+    owner, expires = o, tonumber(e)
   end
-  redis.call('ZREM', KEYS[3], h)
-  redis.call('ZREM', KEYS[4], h)
 end
 
-if not owner and (not head or head == entry) then
-  local fence = tonumber(redis.call('HGET', KEYS[2], 'f') or '0') + 1
-  if fence < now_us then fence = now_us end
-  local f = string.format('%d', fence)
-  redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-  -- meta.g is only read after a hand-off, which writes it; skip it here.
-  redis.call('HSET', KEYS[2], 'f', f)
-  redis.call('PEXPIRE', KEYS[2], ARGV[5])
-  if head then
-    redis.call('ZREM', KEYS[3], entry)
-    redis.call('ZREM', KEYS[4], entry)
+local q, l = L .. ':q', L .. ':l'
+local entry = ARGV[4]
+if not owner then
+  -- Evict waiters at the head whose place expired: they died while queued.
+  local head = redis.call('ZRANGE', q, 0, 0)[1]
+  while head and tonumber(redis.call('ZSCORE', l, head) or '0') <= now_ms do
+    redis.call('ZREM', q, head)
+    redis.call('ZREM', l, head)
+    head = redis.call('ZRANGE', q, 0, 0)[1]
   end
-  return {1, fence, now_us}
+  if not head or head == entry then
+    local fence = last + 1
+    if fence < now_us then fence = now_us end
+    local ttl = tonumber(ARGV[2])
+    redis.call('SET', L, string.format('%s:%d:%d:%d:%d', token, now_ms + ttl, fence, now_us, ttl), 'PX', 604800000)
+    if head then
+      redis.call('ZREM', q, entry)
+      redis.call('ZREM', l, entry)
+    end
+    return {1, fence, now_us}
+  end
 end
 
-local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[4] == '0' then
-  return {0, pttl, now_us}
+if ARGV[3] == '0' then
+  return {0, expires - now_ms, now_us}
 end
 
-if not redis.call('ZSCORE', KEYS[3], entry) then
-  local seq = redis.call('HINCRBY', KEYS[2], 's', 1)
-  redis.call('ZADD', KEYS[3], seq, entry)
-  redis.call('PEXPIRE', KEYS[2], ARGV[5])
-  if not head then head = entry end
+local lease = tonumber(ARGV[3])
+local qttl = redis.call('PTTL', q)
+local is_head = 0
+if redis.call('ZADD', l, now_ms + lease, entry) == 1 then
+  redis.call('ZADD', q, now_us, entry) -- new: join at the tail
+  if qttl == -2 then is_head = 1 end
+elseif redis.call('ZRANK', q, entry) == 0 then
+  is_head = 1
 end
-local lease = tonumber(ARGV[4])
-redis.call('ZADD', KEYS[4], now_ms + lease, entry)
 -- The queue outlives its last live waiter by a little, then vanishes. Only
 -- ever lengthen it: other waiters may have longer leases than ours.
-if redis.call('PTTL', KEYS[3]) < 2 * lease then
-  redis.call('PEXPIRE', KEYS[3], 2 * lease)
+if qttl < 2 * lease then
+  redis.call('PEXPIRE', q, 2 * lease)
+  redis.call('PEXPIRE', l, 2 * lease)
 end
-if redis.call('PTTL', KEYS[4]) < 2 * lease then
-  redis.call('PEXPIRE', KEYS[4], 2 * lease)
-end
-local is_head = 0
-if head == entry then is_head = 1 end
-return {3, pttl, now_us, is_head}
+local left = -1
+if is_head == 1 and owner then left = expires - now_ms end
+return {3, left, now_us, is_head}

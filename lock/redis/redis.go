@@ -5,20 +5,28 @@
 // A lock named K lives in keys sharing the hash tag {K}, so every script
 // touches one Cluster slot:
 //
-//	<prefix>{K}          owner token, PX = lease
-//	<prefix>{K}:m        hash: last fence, queue sequence, current grant
-//	<prefix>{K}:q        zset: waiters in arrival order
-//	<prefix>{K}:l        zset: each waiter's lease (its place expires unless renewed)
-//	<prefix>{K}:n:<tok>  list: wake-up for the waiter whose token is tok
+//	<prefix>{K}     "owner:expires_ms:fence:granted_us:grant_ms" while held,
+//	                "-:0:fence:0:0" once released; the key lives 7 days
+//	<prefix>{K}:q   zset: waiters in arrival order
+//	<prefix>{K}:l   zset: each waiter's lease (its place expires unless renewed)
 //
-// Acquire runs acquire.lua: it takes a free lock or queues the caller, then
-// the caller blocks in BLPOP on its own wake-up list. Release runs
-// release.lua, which makes the first live waiter the owner (new fence, lease
-// set by the server) and pushes the grant onto that waiter's list: one
-// waiter wakes, already holding the lock, with no second round trip. The
-// BLPOP timeout is the holder's remaining lease for the queue head (so a
-// crashed holder is taken over right when its lease expires) and a third of
-// the waiter lease otherwise (each wake-up renews the waiter's place).
+// The lease is the expires_ms field (server time), not the key's TTL, so the
+// last fence survives every release and expiry.
+//
+// Acquire runs acquire.lua: it takes a free lock or queues the caller, who
+// then waits for a wake-up. Release runs release.lua, which makes the first
+// live waiter the owner (new fence, lease set by the server) and publishes
+// the grant on the Pub/Sub channel of that waiter's Backend: one waiter
+// wakes, already holding the lock, with no further round trip. Each Backend
+// subscribes once, on its client's shared connection, so waiting costs no
+// extra command and no extra connection.
+//
+// A waiter also wakes on a client-side timer: at the holder's remaining
+// lease if it is first in the queue (so a crashed holder is taken over right
+// when its lease expires) and every third of the waiter lease otherwise (to
+// renew its place). Pub/Sub may drop a message while a connection is being
+// re-established; the timer then finds the grant in <prefix>{K}, so no
+// wake-up is ever lost, only delayed.
 //
 // Fencing tokens are max(last + 1, server TIME in µs): they increase per key
 // forever, even if Redis restarts without persistence and forgets the last
@@ -56,10 +64,6 @@ var (
 // DefaultPrefix starts every key this backend writes.
 const DefaultPrefix = "llmgate:lock:"
 
-// metaTTL is how long a lock's fence counter outlives its last use. The
-// fence also never falls below server time, so forgetting it is safe.
-const metaTTL = 7 * 24 * time.Hour
-
 // Config configures a Backend.
 type Config struct {
 	// Prefix starts every key. Default DefaultPrefix.
@@ -70,10 +74,14 @@ type Config struct {
 type Backend struct {
 	c       rueidis.Client
 	prefix  string
-	metaTTL string
+	channel string // this Backend's wake-up channel suffix (random)
 
-	mu    sync.Mutex // protects gates
-	gates map[string]*gate
+	mu      sync.Mutex // protects gates, waiters
+	gates   map[string]*gate
+	waiters map[string]chan string // token -> grant published for it
+
+	subOnce  sync.Once
+	subReady chan struct{} // closed once the wake-up channel is subscribed
 }
 
 var (
@@ -82,25 +90,78 @@ var (
 )
 
 // New returns a backend that stores locks through c. The caller keeps
-// ownership of c.
+// ownership of c; closing it also ends the backend's subscription.
 func New(c rueidis.Client, cfg Config) *Backend {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
 	return &Backend{
-		c:       c,
-		prefix:  cfg.Prefix,
-		metaTTL: strconv.FormatInt(metaTTL.Milliseconds(), 10),
-		gates:   make(map[string]*gate),
+		c:        c,
+		prefix:   cfg.Prefix,
+		channel:  lock.NewToken(),
+		gates:    make(map[string]*gate),
+		waiters:  make(map[string]chan string),
+		subReady: make(chan struct{}),
 	}
 }
 
 // Key returns the Redis key holding key's owner token.
 func (b *Backend) Key(key string) string { return b.prefix + "{" + key + "}" }
 
-func (b *Backend) scriptKeys(key, token string) []string {
-	k := b.Key(key)
-	return []string{k, k + ":m", k + ":q", k + ":l", k + ":n:" + token}
+// channelPrefix starts every wake-up channel of this prefix.
+func (b *Backend) channelPrefix() string { return b.prefix + "wake:" }
+
+// subscribe keeps the wake-up subscription alive until the client closes.
+func (b *Backend) subscribe() {
+	ctx := rueidis.WithOnSubscriptionHook(context.Background(), func(s rueidis.PubSubSubscription) {
+		if s.Kind == "subscribe" {
+			select {
+			case <-b.subReady:
+			default:
+				close(b.subReady)
+			}
+		}
+	})
+	cmd := b.c.B().Subscribe().Channel(b.channelPrefix() + b.channel).Build()
+	backoff := 10 * time.Millisecond
+	for {
+		err := b.c.Receive(ctx, cmd, b.deliver)
+		if errors.Is(err, rueidis.ErrClosing) {
+			return
+		}
+		// The connection broke; messages meanwhile are lost, and waiters'
+		// timers recover them. Subscribe again.
+		time.Sleep(backoff)
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// deliver hands a published grant ("token grant") to its waiter.
+func (b *Backend) deliver(m rueidis.PubSubMessage) {
+	token, grant, ok := strings.Cut(m.Message, " ")
+	if !ok {
+		return
+	}
+	b.mu.Lock()
+	ch := b.waiters[token]
+	b.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- grant:
+		default: // one grant per acquisition; a duplicate is ignored
+		}
+	}
+}
+
+// ready starts the subscription on first use and waits until it is active.
+func (b *Backend) ready(ctx context.Context) error {
+	b.subOnce.Do(func() { go b.subscribe() })
+	select {
+	case <-b.subReady:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // reply is a decoded acquire.lua result.
@@ -122,20 +183,25 @@ const (
 )
 
 func (b *Backend) runAcquire(ctx context.Context, key, token, entry string, ttl time.Duration, waiterLease string) (reply, error) {
-	args := []string{token, strconv.FormatInt(ttl.Milliseconds(), 10), entry, waiterLease, b.metaTTL}
-	vals, err := acquireScript.Exec(ctx, b.c, b.scriptKeys(key, token), args).ToArray()
+	args := []string{token, strconv.FormatInt(ttl.Milliseconds(), 10), waiterLease, entry}
+	vals, err := acquireScript.Exec(ctx, b.c, []string{b.Key(key)}, args).ToArray()
 	if err != nil {
 		return reply{}, fmt.Errorf("lock: redis acquire %q: %w", key, err)
 	}
 	var r reply
-	if len(vals) < 3 {
+	if len(vals) < 2 {
 		return r, fmt.Errorf("lock: redis acquire %q: unexpected reply of %d values", key, len(vals))
 	}
 	if r.status, err = vals[0].AsInt64(); err != nil {
 		return r, fmt.Errorf("lock: redis acquire %q: %w", key, err)
 	}
-	if r.nowUS, err = vals[2].AsInt64(); err != nil {
-		return r, fmt.Errorf("lock: redis acquire %q: %w", key, err)
+	if r.status != stHanded {
+		if len(vals) < 3 {
+			return r, fmt.Errorf("lock: redis acquire %q: unexpected reply of %d values", key, len(vals))
+		}
+		if r.nowUS, err = vals[2].AsInt64(); err != nil {
+			return r, fmt.Errorf("lock: redis acquire %q: %w", key, err)
+		}
 	}
 	switch r.status {
 	case stTaken:
@@ -183,8 +249,21 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 		}
 		defer leave()
 	}
+	if err := b.ready(ctx); err != nil {
+		return lock.Grant{}, errors.Join(lock.ErrNotObtained, err)
+	}
+	wake := make(chan string, 1)
+	b.mu.Lock()
+	b.waiters[token] = wake
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		delete(b.waiters, token)
+		b.mu.Unlock()
+	}()
+
 	grantTTL := min(opts.TTL, opts.WaiterLease)
-	entry := token + ":" + strconv.FormatInt(grantTTL.Milliseconds(), 10)
+	entry := token + ":" + strconv.FormatInt(grantTTL.Milliseconds(), 10) + ":" + b.channel
 	waiterLease := strconv.FormatInt(opts.WaiterLease.Milliseconds(), 10)
 	renewEvery := opts.WaiterLease / 3
 	var lastErr error // the last transient store error, reported if ctx ends
@@ -213,6 +292,13 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 		}
 		return lock.Grant{}, err
 	}
+	// (sent, serverUS) maps server time to local time: the call that sent at
+	// sent read the server clock at serverUS, so sent is no later than the
+	// local time of serverUS.
+	var sent time.Time
+	var serverUS int64
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
 		if err := ctx.Err(); err != nil {
 			return fail(err)
@@ -230,53 +316,25 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 		case stTaken:
 			return lock.Grant{Fence: uint64(r.fence), ValidUntil: lock.SafeValidity(start, opts.TTL)}, nil
 		case stHanded:
-			return parseGrant(r.grant, start, r.nowUS, opts.TTL)
+			// Granted while we slept; the wake-up was lost or is in flight.
+			return parseGrant(r.grant, sent, serverUS, opts.TTL)
 		}
+		sent, serverUS = start, r.nowUS
 		wait := renewEvery
 		if r.isHead && r.pttl >= 0 && time.Duration(r.pttl)*time.Millisecond < wait {
 			// Wake right when the holder's lease runs out, in case it crashed.
 			wait = time.Duration(r.pttl+1) * time.Millisecond
 		}
-		msg, err := b.waitWake(ctx, key, token, wait)
-		if err != nil {
-			if retry(err) {
-				continue
-			}
-			return fail(err)
+		timer.Reset(wait)
+		select {
+		case g := <-wake:
+			return parseGrant(g, sent, serverUS, opts.TTL)
+		case <-timer.C:
+			// Renew our place, or take a lock whose holder died.
+		case <-ctx.Done():
+			return fail(ctx.Err())
 		}
-		if msg != "" {
-			return parseGrant(msg, start, r.nowUS, opts.TTL)
-		}
-		// Timed out: loop to renew our place, or take a lock whose holder died.
 	}
-}
-
-// waitWake blocks on the caller's wake-up list for up to d; it returns the
-// grant pushed there, or "" on timeout.
-//
-// The timeout is kept by a client-side deadline, not by BLPOP's own: an idle
-// Redis checks blocked clients' timeouts only once per server tick (100 ms
-// at the default hz 10), far too coarse for taking over an expired lock on
-// time or renewing a short waiter lease. At the deadline the client sends
-// CLIENT UNBLOCK. A grant popped in that instant is not lost: it is also in
-// the lock's meta hash, where the next acquire.lua call finds it.
-func (b *Backend) waitWake(ctx context.Context, key, token string, d time.Duration) (string, error) {
-	notify := b.Key(key) + ":n:" + token
-	wctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	// The server-side timeout is only a backstop should the client vanish.
-	cmd := b.c.B().Blpop().Key(notify).Timeout((d + 5*time.Second).Seconds()).Build().UnblockOnCancel()
-	vals, err := b.c.Do(wctx, cmd).AsStrSlice()
-	if rueidis.IsRedisNil(err) || (err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("lock: redis wait %q: %w", key, err)
-	}
-	if len(vals) != 2 {
-		return "", fmt.Errorf("lock: redis wait %q: unexpected reply of %d values", key, len(vals))
-	}
-	return vals[1], nil
 }
 
 // abandon takes a waiter that gives up out of the queue; if the lock was
@@ -288,9 +346,9 @@ func (b *Backend) abandon(ctx context.Context, key, token, entry string) {
 }
 
 // parseGrant turns a hand-off grant "fence:granted_us:grant_ms" into a
-// Grant. start is a local time no later than the server time nowUS, so
-// start + (expiry - nowUS) is no later than the expiry in local time.
-func parseGrant(g string, start time.Time, nowUS int64, ttl time.Duration) (lock.Grant, error) {
+// Grant. sent is a local time no later than the server time serverUS, so
+// sent + (expiry - serverUS) is no later than the expiry in local time.
+func parseGrant(g string, sent time.Time, serverUS int64, ttl time.Duration) (lock.Grant, error) {
 	parts := strings.Split(g, ":")
 	if len(parts) != 3 {
 		return lock.Grant{}, fmt.Errorf("lock: redis: malformed grant %q", g)
@@ -302,9 +360,9 @@ func parseGrant(g string, start time.Time, nowUS int64, ttl time.Duration) (lock
 		return lock.Grant{}, fmt.Errorf("lock: redis: malformed grant %q: %w", g, err)
 	}
 	granted := time.Duration(grantMS) * time.Millisecond
-	expiresIn := time.Duration(grantedUS-nowUS)*time.Microsecond + granted
+	expiresIn := time.Duration(grantedUS-serverUS)*time.Microsecond + granted
 	// SafeValidity subtracts drift for the granted lease length.
-	valid := lock.SafeValidity(start.Add(expiresIn-granted), granted)
+	valid := lock.SafeValidity(sent.Add(expiresIn-granted), granted)
 	return lock.Grant{Fence: fence, ValidUntil: valid, TTL: min(granted, ttl)}, nil
 }
 
@@ -314,7 +372,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 }
 
 func (b *Backend) release(ctx context.Context, key, token, entry string) error {
-	n, err := releaseScript.Exec(ctx, b.c, b.scriptKeys(key, token), []string{token, entry, b.metaTTL}).AsInt64()
+	n, err := releaseScript.Exec(ctx, b.c, []string{b.Key(key)}, []string{token, entry, b.channelPrefix()}).AsInt64()
 	if err != nil {
 		return fmt.Errorf("lock: redis release %q: %w", key, err)
 	}

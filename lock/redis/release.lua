@@ -1,54 +1,49 @@
 -- release.lua: if the caller owns the lock, hand it to the first live waiter
--- (and wake only that waiter) or free it. Also takes the caller out of the
--- queue, so a waiter that gives up calls this too.
+-- and wake only that waiter, or free it. A waiter that gives up calls this
+-- too, with its entry, to leave the queue (and pass on a lock handed to it
+-- in the meantime).
 --
--- KEYS[1] lock    KEYS[2] meta    KEYS[3] queue    KEYS[4] leases (see acquire.lua)
--- KEYS[5] the caller's notify list
--- ARGV[1] token   ARGV[2] the caller's queue entry ("" for a plain release)
--- ARGV[3] meta_ttl_ms
---
--- The next waiter's notify list is KEYS[1] .. ':n:' .. its token: the same
--- hash tag, so the same Cluster slot.
+-- KEYS[1] L, the lock (see acquire.lua for its value, L:q and L:l)
+-- ARGV[1] token   ARGV[2] the caller's queue entry, or "" for a plain release
+-- ARGV[3] Pub/Sub channel prefix: the next waiter is woken on
+--         ARGV[3] .. <its entry's channel suffix> with "token grant"
 --
 -- Returns 0 not the owner (nothing else changed but our own queue entry),
 --         1 released (nobody waiting), 2 handed off.
+local L, token = KEYS[1], ARGV[1]
+local q, l = L .. ':q', L .. ':l'
 if ARGV[2] ~= '' then
-  -- A waiter giving up: leave the queue and drop any wake-up sent to us.
-  redis.call('ZREM', KEYS[3], ARGV[2])
-  redis.call('ZREM', KEYS[4], ARGV[2])
-  redis.call('DEL', KEYS[5])
+  redis.call('ZREM', q, ARGV[2])
+  redis.call('ZREM', l, ARGV[2])
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local v = redis.call('GET', L)
+if not v then
   return 0
 end
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-
+local o, e, f = string.match(v, '^([^:]+):(%d+):(%d+):')
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
-while true do
-  local h = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if not h then break end
-  local alive = tonumber(redis.call('ZSCORE', KEYS[4], h) or '0') > now_ms
-  redis.call('ZREM', KEYS[3], h)
-  redis.call('ZREM', KEYS[4], h)
+if o ~= token or tonumber(e) <= now_ms then
+  return 0
+end
+
+local head = redis.call('ZRANGE', q, 0, 0)[1]
+while head do
+  local alive = tonumber(redis.call('ZSCORE', l, head) or '0') > now_ms
+  redis.call('ZREM', q, head)
+  redis.call('ZREM', l, head)
   if alive then
-    local sep = string.find(h, ':', 1, true)
-    local next_token, grant_ms = string.sub(h, 1, sep - 1), string.sub(h, sep + 1)
-    local fence = tonumber(redis.call('HGET', KEYS[2], 'f') or '0') + 1
+    local next_token, grant_ms, channel = string.match(head, '^([^:]+):(%d+):(.*)$')
+    local fence = tonumber(f) + 1
     if fence < now_us then fence = now_us end
-    local grant = string.format('%d', fence) .. ':' .. string.format('%d', now_us) .. ':' .. grant_ms
-    redis.call('SET', KEYS[1], next_token, 'PX', grant_ms)
-    redis.call('HSET', KEYS[2], 'f', string.format('%d', fence), 'g', grant)
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
-    local notify = KEYS[1] .. ':n:' .. next_token
-    redis.call('RPUSH', notify, grant)
-    redis.call('PEXPIRE', notify, grant_ms)
+    local grant = string.format('%d:%d:%s', fence, now_us, grant_ms)
+    redis.call('SET', L, string.format('%s:%d:%s', next_token, now_ms + tonumber(grant_ms), grant), 'PX', 604800000)
+    redis.call('PUBLISH', ARGV[3] .. channel, next_token .. ' ' .. grant)
     return 2
   end
+  head = redis.call('ZRANGE', q, 0, 0)[1]
 end
-redis.call('DEL', KEYS[1])
+-- Keep the last fence: the next holder's must be larger.
+redis.call('SET', L, '-:0:' .. f .. ':0:0', 'PX', 604800000)
 return 1
