@@ -23,6 +23,7 @@ type Redis struct {
 	Addr string // host:port
 	Port int
 	dir  string
+	args []string // extra redis-server arguments, after the defaults
 
 	mu  sync.Mutex // protects cmd
 	cmd *exec.Cmd
@@ -58,14 +59,31 @@ func StartRedis(tb testing.TB) *Redis {
 	return r
 }
 
+// StartRedisArgs is StartRedis with extra redis-server arguments, which
+// override the defaults: for example "--appendonly", "yes",
+// "--appendfsync", "always" for a server whose data survives Restart.
+func StartRedisArgs(tb testing.TB, args ...string) *Redis {
+	tb.Helper()
+	r, err := NewRedisArgs(tb.TempDir(), args...)
+	if err != nil {
+		tb.Fatalf("start redis-server: %v", err)
+	}
+	tb.Cleanup(r.Stop)
+	return r
+}
+
 // NewRedis starts a redis-server with its working directory in dir. The
 // caller must call Stop.
-func NewRedis(dir string) (*Redis, error) {
+func NewRedis(dir string) (*Redis, error) { return NewRedisArgs(dir) }
+
+// NewRedisArgs is NewRedis with extra redis-server arguments (see
+// StartRedisArgs); every Start and Restart uses them.
+func NewRedisArgs(dir string, args ...string) (*Redis, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	r := &Redis{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir}
+	r := &Redis{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, args: args}
 	if err := r.Start(); err != nil {
 		return nil, err
 	}
@@ -81,11 +99,13 @@ func (r *Redis) Start() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(bin,
+	args := []string{
 		"--bind", "127.0.0.1", "--port", strconv.Itoa(r.Port),
 		"--save", "", "--appendonly", "no", "--dir", r.dir,
 		"--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
-		"--logfile", filepath.Join(r.dir, "redis.log"))
+		"--logfile", filepath.Join(r.dir, "redis.log"),
+	}
+	cmd := exec.Command(bin, append(args, r.args...)...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", bin, err)
 	}
@@ -117,8 +137,9 @@ func (r *Redis) Stop() {
 	_ = cmd.Wait()
 }
 
-// Restart kills the server, losing all its data, and starts it again on the
-// same port.
+// Restart kills the server and starts it again on the same port. The data
+// is lost, unless the server was started with persistence arguments (see
+// StartRedisArgs), in which case it reloads what reached its disk.
 func (r *Redis) Restart() error {
 	r.Stop()
 	return r.Start()

@@ -1,0 +1,624 @@
+// Package memory is the in-process budget backend, persisted to a local file that survives restarts and crashes.
+//
+// All state lives in process memory behind one mutex, so every operation is
+// atomic. With Config.Path set, spend and usage rows are also written to a
+// state file: each Settle returns only after a write that contains it is on
+// disk. Writes are grouped: while one write is in progress, every Settle
+// that arrives waits for the next one, so N concurrent settles cost about
+// two writes, not N. A write goes to a temporary file in the same
+// directory, is fsynced, renamed over the state file, and the directory is
+// fsynced, so a crash at any moment leaves either the old or the new state,
+// never a torn file. The file carries a SHA-256 checksum; a file that is
+// truncated or altered is refused with an error naming it, never silently
+// replaced by an empty state.
+//
+// Reservations are not persisted: they belong to requests in flight in this
+// process, which a restart ends. Reserve and Release therefore never wait
+// for the disk.
+//
+// The state file may be used by one process at a time; on Unix a lock file
+// next to it (Path + ".lock") enforces that.
+package memory
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/clock"
+)
+
+// Errors of this backend.
+var (
+	// ErrCorrupt wraps errors about a state file that cannot be trusted.
+	ErrCorrupt = errors.New("budget/memory: corrupt state file")
+	// ErrClosed is returned by every call after Close.
+	ErrClosed = errors.New("budget/memory: backend closed")
+	// ErrInUse means another process holds the state file.
+	ErrInUse = errors.New("budget/memory: state file in use")
+)
+
+// purgeEvery is how often windows past their retention are dropped.
+const purgeEvery = time.Hour
+
+// Config configures a Backend. The zero value is a valid, unpersisted
+// backend on the real clock.
+type Config struct {
+	// Path is the state file. Empty means nothing is persisted. Its
+	// directory must exist; the file is created on the first write.
+	Path string
+	// Clock drives reservation expiry and retention. Default the real clock.
+	Clock clock.Clock
+	// Logger receives write failures. Default: discard.
+	Logger *slog.Logger
+}
+
+// Backend is a budget.Backend in process memory.
+type Backend struct {
+	clk  clock.Clock
+	log  *slog.Logger
+	path string // "" = not persisted
+
+	mu        sync.Mutex // protects the fields below, up to flushed
+	windows   map[budget.Key]*window
+	nextPurge time.Time
+	closed    bool
+	dirty     uint64        // sequence of the latest change to persist
+	durable   uint64        // latest sequence known to be on disk
+	attempts  uint64        // write attempts started
+	failedAt  uint64        // the attempt that failed last (0 = none)
+	failErr   error         // why it failed
+	flushed   chan struct{} // closed (and replaced) after every write attempt
+
+	kick     chan struct{} // buffered(1): wakes the writer
+	stop     chan struct{} // closed by Close
+	done     chan struct{} // closed when the writer has exited
+	lockFile *os.File      // held for the backend's lifetime (Unix)
+	writes   atomic.Uint64
+	closeErr error
+
+	// beforeWrite, if set (by tests), runs before each write of the file.
+	beforeWrite func()
+}
+
+var _ budget.Backend = (*Backend)(nil)
+
+// window is one tenant's state in one period.
+type window struct {
+	spent, reserved budget.Amount
+	holds           map[string]*hold
+	expiry          holdHeap
+	settled         map[string]time.Time // ID → when it may be forgotten
+	settledQ        []settledID          // the same, in settle order
+	rows            map[rowKey]*budget.UsageRow
+	keep            time.Time
+}
+
+type hold struct {
+	id      string
+	amt     budget.Amount
+	expires time.Time
+	index   int // in the expiry heap
+}
+
+type settledID struct {
+	id     string
+	forget time.Time
+}
+
+type rowKey struct{ model, deployment string }
+
+// Open returns a backend. With cfg.Path set, it locks the state file and
+// loads it; a file that cannot be read or verified is an error that names
+// it (wrapping ErrCorrupt when its contents are bad).
+func Open(cfg Config) (*Backend, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	b := &Backend{
+		clk:     cfg.Clock,
+		log:     cfg.Logger,
+		path:    cfg.Path,
+		windows: make(map[budget.Key]*window),
+		flushed: make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	if b.path == "" {
+		close(b.done)
+		return b, nil
+	}
+	abs, err := filepath.Abs(b.path)
+	if err != nil {
+		return nil, fmt.Errorf("budget/memory: state file %s: %w", b.path, err)
+	}
+	b.path = abs
+	if fi, err := os.Stat(filepath.Dir(abs)); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("budget/memory: state file %s: directory %s does not exist; create it first", abs, filepath.Dir(abs))
+	}
+	if b.lockFile, err = lockPath(abs + ".lock"); err != nil {
+		return nil, err
+	}
+	removeStaleTemps(abs)
+	if err := b.load(); err != nil {
+		unlockFile(b.lockFile)
+		return nil, err
+	}
+	go b.writer()
+	return b, nil
+}
+
+// load reads the state file, if there is one.
+func (b *Backend) load() error {
+	data, err := os.ReadFile(b.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("budget/memory: read state file %s: %w", b.path, err)
+	}
+	st, err := decodeState(data)
+	if err != nil {
+		return fmt.Errorf("%w %s: %w; restore it from a backup, or move it away to start from zero", ErrCorrupt, b.path, err)
+	}
+	now := b.clk.Now()
+	for _, fw := range st.Windows {
+		if fw.Keep.Before(now) {
+			continue
+		}
+		w := newWindow(fw.Keep)
+		w.spent = fw.Spent
+		for i := range fw.Rows {
+			r := fw.Rows[i]
+			w.rows[rowKey{r.Model, r.Deployment}] = &r
+		}
+		b.windows[budget.Key{Tenant: fw.Tenant, WindowID: fw.Window}] = w
+	}
+	return nil
+}
+
+func newWindow(keep time.Time) *window {
+	return &window{
+		holds:   make(map[string]*hold),
+		settled: make(map[string]time.Time),
+		rows:    make(map[rowKey]*budget.UsageRow),
+		keep:    keep,
+	}
+}
+
+// Close flushes the state to disk, stops the writer and unlocks the file.
+// It returns an error if the last state could not be written. Calls after
+// the first return the first one's result.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		<-b.done
+		return b.closeErr
+	}
+	b.closed = true
+	b.mu.Unlock()
+	if b.path == "" {
+		return nil
+	}
+	close(b.stop)
+	<-b.done
+	b.mu.Lock()
+	if b.durable < b.dirty {
+		b.closeErr = fmt.Errorf("budget/memory: close: state file %s not saved: %w", b.path, b.failErr)
+	}
+	err := b.closeErr
+	b.mu.Unlock()
+	unlockFile(b.lockFile)
+	return err
+}
+
+// Writes returns how many times the state file has been written.
+func (b *Backend) Writes() uint64 { return b.writes.Load() }
+
+// windowLocked returns key's window, creating it; b.mu must be held.
+func (b *Backend) windowLocked(key budget.Key, keep time.Time, now time.Time) *window {
+	b.purgeLocked(now)
+	w := b.windows[key]
+	if w == nil {
+		w = newWindow(keep)
+		b.windows[key] = w
+	}
+	if keep.After(w.keep) {
+		w.keep = keep
+	}
+	b.sweepLocked(w, now)
+	return w
+}
+
+// purgeLocked drops windows past their retention, at most once per
+// purgeEvery; b.mu must be held.
+func (b *Backend) purgeLocked(now time.Time) {
+	if now.Before(b.nextPurge) {
+		return
+	}
+	b.nextPurge = now.Add(purgeEvery)
+	for k, w := range b.windows {
+		if w.keep.Before(now) && len(w.holds) == 0 {
+			delete(b.windows, k)
+		}
+	}
+}
+
+// sweepLocked returns expired holds to the budget and forgets settled IDs
+// past their window; b.mu must be held.
+func (b *Backend) sweepLocked(w *window, now time.Time) {
+	for len(w.expiry) > 0 && !w.expiry[0].expires.After(now) {
+		h := heap.Pop(&w.expiry).(*hold)
+		delete(w.holds, h.id)
+		w.reserved.Tokens -= h.amt.Tokens
+		w.reserved.MicroUSD -= h.amt.MicroUSD
+	}
+	n := 0
+	for n < len(w.settledQ) && !w.settledQ[n].forget.After(now) {
+		s := w.settledQ[n]
+		if f, ok := w.settled[s.id]; ok && !f.After(now) {
+			delete(w.settled, s.id)
+		}
+		n++
+	}
+	if n > 0 {
+		w.settledQ = append(w.settledQ[:0:0], w.settledQ[n:]...)
+	}
+}
+
+func (w *window) isSettled(id string, now time.Time) bool {
+	f, ok := w.settled[id]
+	return ok && f.After(now)
+}
+
+// Reserve takes the hold if it fits under every cap.
+func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budget.ReserveResult, error) {
+	if err := ctx.Err(); err != nil {
+		return budget.ReserveResult{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return budget.ReserveResult{}, ErrClosed
+	}
+	now := b.clk.Now()
+	w := b.windowLocked(req.Key, req.Keep, now)
+	if w.isSettled(req.ID, now) {
+		return budget.ReserveResult{}, budget.ErrSettledID
+	}
+	res := budget.ReserveResult{Spent: w.spent, Reserved: w.reserved}
+	if _, held := w.holds[req.ID]; held {
+		res.Admitted = true
+		return res, nil
+	}
+	if !fits(req.Cap.Tokens, w.spent.Tokens+w.reserved.Tokens, req.Hold.Tokens) ||
+		!fits(req.Cap.MicroUSD, w.spent.MicroUSD+w.reserved.MicroUSD, req.Hold.MicroUSD) {
+		return res, nil
+	}
+	h := &hold{id: req.ID, amt: req.Hold, expires: now.Add(req.TTL)}
+	w.holds[req.ID] = h
+	heap.Push(&w.expiry, h)
+	w.reserved = w.reserved.Add(req.Hold)
+	res.Admitted, res.Reserved = true, w.reserved
+	return res, nil
+}
+
+// fits is the admission rule of one dimension; limit 0 means no cap.
+func fits(limit, used, need int64) bool {
+	return limit == 0 || (used+need <= limit && used < limit)
+}
+
+// Settle ends the hold, charges the record once per ID, and waits until
+// the change is on disk.
+func (b *Backend) Settle(ctx context.Context, req budget.SettleRequest) (budget.SettleResult, error) {
+	if err := ctx.Err(); err != nil {
+		return budget.SettleResult{}, err // nothing charged
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return budget.SettleResult{}, ErrClosed
+	}
+	now := b.clk.Now()
+	w := b.windowLocked(req.Key, req.Keep, now)
+	if w.isSettled(req.ID, now) {
+		// A repeat: report success only once the first one is durable.
+		res := budget.SettleResult{Spent: w.spent}
+		return res, b.waitDurableLocked(ctx, b.dirty)
+	}
+	if h := w.holds[req.ID]; h != nil {
+		heap.Remove(&w.expiry, h.index)
+		delete(w.holds, req.ID)
+		w.reserved.Tokens -= h.amt.Tokens
+		w.reserved.MicroUSD -= h.amt.MicroUSD
+	}
+	rec := req.Record
+	w.spent = w.spent.Add(budget.Amount{Tokens: rec.Usage.Tokens(), MicroUSD: rec.MicroUSD})
+	rk := rowKey{rec.Model, rec.Deployment}
+	row := w.rows[rk]
+	if row == nil {
+		row = &budget.UsageRow{Model: rec.Model, Deployment: rec.Deployment}
+		w.rows[rk] = row
+	}
+	row.Requests++
+	row.PromptTokens += rec.Usage.PromptTokens
+	row.CompletionTokens += rec.Usage.CompletionTokens
+	row.CachedTokens += rec.Usage.CachedTokens
+	row.MicroUSD += rec.MicroUSD
+	forget := now.Add(req.Remember)
+	w.settled[req.ID] = forget
+	w.settledQ = append(w.settledQ, settledID{req.ID, forget})
+	res := budget.SettleResult{Applied: true, Spent: w.spent}
+	b.dirty++
+	return res, b.waitDurableLocked(ctx, b.dirty)
+}
+
+// waitDurableLocked waits until the state up to sequence target is on disk.
+// b.mu must be held; it is released on return.
+func (b *Backend) waitDurableLocked(ctx context.Context, target uint64) error {
+	if b.path == "" {
+		b.mu.Unlock()
+		return nil
+	}
+	// Each pass waits for one write attempt; the first write that starts
+	// after our call covers our change, so this ends after at most two
+	// attempts. Only a failure of such a write is ours to report: a retry
+	// after an earlier failure gets a fresh attempt.
+	since := b.attempts
+	for {
+		if b.durable >= target {
+			b.mu.Unlock()
+			return nil
+		}
+		if b.failedAt > since {
+			err := b.failErr
+			b.mu.Unlock()
+			return fmt.Errorf("budget/memory: charged in memory but not saved to %s: %w", b.path, err)
+		}
+		if b.closed && b.writerDone() {
+			b.mu.Unlock()
+			return ErrClosed
+		}
+		ch := b.flushed
+		b.mu.Unlock()
+		select {
+		case b.kick <- struct{}{}:
+		default: // a write is already due
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("budget/memory: charged in memory, not yet saved to %s: %w", b.path, ctx.Err())
+		case <-b.done:
+		}
+		b.mu.Lock()
+	}
+}
+
+func (b *Backend) writerDone() bool {
+	select {
+	case <-b.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Release ends the hold of id without charging.
+func (b *Backend) Release(_ context.Context, key budget.Key, id string) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false, ErrClosed
+	}
+	w := b.windows[key]
+	if w == nil {
+		return false, nil
+	}
+	b.sweepLocked(w, b.clk.Now())
+	h := w.holds[id]
+	if h == nil {
+		return false, nil
+	}
+	heap.Remove(&w.expiry, h.index)
+	delete(w.holds, id)
+	w.reserved.Tokens -= h.amt.Tokens
+	w.reserved.MicroUSD -= h.amt.MicroUSD
+	return true, nil
+}
+
+// Totals returns the window's spend and live holds.
+func (b *Backend) Totals(_ context.Context, key budget.Key) (budget.Totals, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return budget.Totals{}, ErrClosed
+	}
+	w := b.windows[key]
+	if w == nil {
+		return budget.Totals{}, nil
+	}
+	b.sweepLocked(w, b.clk.Now())
+	return budget.Totals{Spent: w.spent, Reserved: w.reserved, Holds: len(w.holds)}, nil
+}
+
+// Usage returns the window's usage rows.
+func (b *Backend) Usage(_ context.Context, key budget.Key) ([]budget.UsageRow, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, ErrClosed
+	}
+	w := b.windows[key]
+	if w == nil {
+		return nil, nil
+	}
+	rows := make([]budget.UsageRow, 0, len(w.rows))
+	for _, r := range w.rows {
+		rows = append(rows, *r)
+	}
+	return rows, nil
+}
+
+// writer writes the state file whenever kicked, until Close.
+func (b *Backend) writer() {
+	defer close(b.done)
+	for {
+		select {
+		case <-b.kick:
+			b.flush()
+		case <-b.stop:
+			b.flush()
+			b.mu.Lock()
+			close(b.flushed) // wake anyone still waiting; they see closed
+			b.flushed = make(chan struct{})
+			b.mu.Unlock()
+			return
+		}
+	}
+}
+
+// flush writes the current state if it has changes not yet on disk.
+func (b *Backend) flush() {
+	b.mu.Lock()
+	seq := b.dirty
+	if seq == b.durable {
+		b.mu.Unlock()
+		return
+	}
+	st := b.snapshotLocked(b.clk.Now())
+	b.attempts++
+	attempt := b.attempts
+	b.mu.Unlock()
+
+	if b.beforeWrite != nil {
+		b.beforeWrite()
+	}
+	err := b.writeFile(st)
+	b.writes.Add(1)
+
+	b.mu.Lock()
+	if err == nil {
+		b.durable = max(b.durable, seq)
+	} else {
+		b.failedAt, b.failErr = attempt, err
+		b.log.LogAttrs(context.Background(), slog.LevelError, "budget/memory: cannot save state file",
+			slog.String("path", b.path), slog.String("error", err.Error()))
+	}
+	close(b.flushed)
+	b.flushed = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// snapshotLocked copies what is persisted: spend and usage rows of every
+// window still within its retention; b.mu must be held.
+func (b *Backend) snapshotLocked(now time.Time) *fileState {
+	st := &fileState{Version: fileVersion}
+	for k, w := range b.windows {
+		if w.keep.Before(now) || (w.spent == (budget.Amount{}) && len(w.rows) == 0) {
+			continue
+		}
+		fw := fileWindow{Tenant: k.Tenant, Window: k.WindowID, Keep: w.keep, Spent: w.spent, Rows: make([]budget.UsageRow, 0, len(w.rows))}
+		for _, r := range w.rows {
+			fw.Rows = append(fw.Rows, *r)
+		}
+		st.Windows = append(st.Windows, fw)
+	}
+	return st
+}
+
+// writeFile replaces the state file with st, atomically and durably.
+func (b *Backend) writeFile(st *fileState) (err error) {
+	data, err := encodeState(st)
+	if err != nil {
+		return err
+	}
+	dir, base := filepath.Split(b.path)
+	f, err := os.CreateTemp(dir, tempPrefix(base))
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(data); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, b.path); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func tempPrefix(base string) string { return "." + base + ".tmp-" }
+
+// removeStaleTemps deletes temporary files a crash left behind; the caller
+// holds the file lock, so no other writer is using them.
+func removeStaleTemps(path string) {
+	dir, base := filepath.Split(path)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), tempPrefix(base)) && e.Type().IsRegular() {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// holdHeap orders holds by expiry.
+type holdHeap []*hold
+
+func (h holdHeap) Len() int           { return len(h) }
+func (h holdHeap) Less(i, j int) bool { return h[i].expires.Before(h[j].expires) }
+func (h holdHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *holdHeap) Push(x any) {
+	e := x.(*hold)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *holdHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return e
+}

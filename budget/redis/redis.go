@@ -1,0 +1,241 @@
+// Package redis is the Redis (and Valkey) budget backend: one Lua script per operation, one round trip per Reserve and per Settle, keys of a tenant's window under one hash tag.
+//
+// # Keys
+//
+// The state of tenant T in window W (e.g. "2026-11") lives in five keys
+// sharing the hash tag {T:W}, so every script touches one Cluster slot
+// (in T, "%", "{" and "}" are written %25, %7B and %7D):
+//
+//	<prefix>{T:W}:t  hash: spent and reserved tokens and µUSD
+//	<prefix>{T:W}:h  hash: live holds, reservation ID -> "tokens µUSD"
+//	<prefix>{T:W}:x  zset: live holds by expiry (server ms)
+//	<prefix>{T:W}:s  zset: settled IDs by when they may be forgotten
+//	<prefix>{T:W}:u  hash: usage rows (requests, tokens, µUSD per model and deployment)
+//
+// Every script first sweeps expired holds back into the budget, reading
+// time from the server (redis.call('TIME')), so a crashed caller's holds
+// free themselves without any background job. The window ID is computed by
+// the caller from its own clock: windows are calendar days and months in a
+// configured time zone, so clock skew between replicas only matters within
+// seconds of midnight, where it decides which of two adjacent windows a
+// request is counted in, never whether it is counted. Keys expire at the
+// window's end plus the configured retention.
+//
+// Durability is Redis's: run it with appendonly yes (see docs/budget.md).
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/rueidis"
+
+	"github.com/llmgate/llmgate/budget"
+)
+
+var (
+	//go:embed common.lua
+	commonSrc string
+	//go:embed reserve.lua
+	reserveSrc string
+	//go:embed settle.lua
+	settleSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed totals.lua
+	totalsSrc string
+
+	reserveScript = rueidis.NewLuaScript(commonSrc + reserveSrc)
+	settleScript  = rueidis.NewLuaScript(commonSrc + settleSrc)
+	releaseScript = rueidis.NewLuaScript(commonSrc + releaseSrc)
+	totalsScript  = rueidis.NewLuaScript(commonSrc + totalsSrc)
+)
+
+// DefaultPrefix starts every key this backend writes.
+const DefaultPrefix = "llmgate:budget:"
+
+// Config configures a Backend.
+type Config struct {
+	// Prefix starts every key. Default DefaultPrefix.
+	Prefix string
+}
+
+// Backend is a budget.Backend on Redis standalone, Sentinel or Cluster.
+type Backend struct {
+	c      rueidis.Client
+	prefix string
+}
+
+var _ budget.Backend = (*Backend)(nil)
+
+// New returns a backend that stores budgets through c. The caller keeps
+// ownership of c.
+func New(c rueidis.Client, cfg Config) *Backend {
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	return &Backend{c: c, prefix: cfg.Prefix}
+}
+
+// Keys returns the five Redis keys of key's window, in the order the
+// scripts take them: totals, holds, expiry, settled, usage.
+func (b *Backend) Keys(key budget.Key) []string {
+	base := b.prefix + "{" + tagEscaper.Replace(key.Tenant) + ":" + key.WindowID + "}:"
+	return []string{base + "t", base + "h", base + "x", base + "s", base + "u"}
+}
+
+// tagEscaper keeps braces in a tenant's name from ending the hash tag early
+// (a tenant "}x" would otherwise leave an empty tag, and keys in different
+// slots). Escaping "%" too keeps the mapping one-to-one.
+var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+// Reserve runs reserve.lua.
+func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budget.ReserveResult, error) {
+	args := []string{
+		req.ID,
+		itoa(req.Hold.Tokens), itoa(req.Hold.MicroUSD),
+		itoa(req.Cap.Tokens), itoa(req.Cap.MicroUSD),
+		itoa(max(req.TTL.Milliseconds(), 1)),
+		itoa(req.Keep.UnixMilli()),
+	}
+	v, err := ints(reserveScript.Exec(ctx, b.c, b.Keys(req.Key), args), 5)
+	if err != nil {
+		return budget.ReserveResult{}, fmt.Errorf("budget: redis reserve: %w", err)
+	}
+	res := budget.ReserveResult{
+		Spent:    budget.Amount{Tokens: v[1], MicroUSD: v[2]},
+		Reserved: budget.Amount{Tokens: v[3], MicroUSD: v[4]},
+	}
+	switch v[0] {
+	case 0:
+	case 1, 2:
+		res.Admitted = true
+	case 3:
+		return budget.ReserveResult{}, budget.ErrSettledID
+	default:
+		return budget.ReserveResult{}, fmt.Errorf("budget: redis reserve: unknown status %d", v[0])
+	}
+	return res, nil
+}
+
+// Settle runs settle.lua.
+func (b *Backend) Settle(ctx context.Context, req budget.SettleRequest) (budget.SettleResult, error) {
+	rec := req.Record
+	args := []string{
+		req.ID,
+		itoa(rec.Usage.Tokens()), itoa(rec.MicroUSD),
+		itoa(rec.Usage.PromptTokens), itoa(rec.Usage.CompletionTokens), itoa(rec.Usage.CachedTokens),
+		rowField(rec.Model, rec.Deployment),
+		itoa(max(req.Remember.Milliseconds(), 1)),
+		itoa(req.Keep.UnixMilli()),
+	}
+	v, err := ints(settleScript.Exec(ctx, b.c, b.Keys(req.Key), args), 3)
+	if err != nil {
+		return budget.SettleResult{}, fmt.Errorf("budget: redis settle: %w", err)
+	}
+	return budget.SettleResult{Applied: v[0] == 1, Spent: budget.Amount{Tokens: v[1], MicroUSD: v[2]}}, nil
+}
+
+// Release runs release.lua.
+func (b *Backend) Release(ctx context.Context, key budget.Key, id string) (bool, error) {
+	n, err := releaseScript.Exec(ctx, b.c, b.Keys(key), []string{id}).AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("budget: redis release: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Totals runs totals.lua.
+func (b *Backend) Totals(ctx context.Context, key budget.Key) (budget.Totals, error) {
+	v, err := ints(totalsScript.Exec(ctx, b.c, b.Keys(key), nil), 5)
+	if err != nil {
+		return budget.Totals{}, fmt.Errorf("budget: redis totals: %w", err)
+	}
+	return budget.Totals{
+		Spent:    budget.Amount{Tokens: v[0], MicroUSD: v[1]},
+		Reserved: budget.Amount{Tokens: v[2], MicroUSD: v[3]},
+		Holds:    int(v[4]),
+	}, nil
+}
+
+// Usage reads the window's usage hash.
+func (b *Backend) Usage(ctx context.Context, key budget.Key) ([]budget.UsageRow, error) {
+	m, err := b.c.Do(ctx, b.c.B().Hgetall().Key(b.Keys(key)[4]).Build()).AsIntMap()
+	if err != nil {
+		return nil, fmt.Errorf("budget: redis usage: %w", err)
+	}
+	rows := make(map[string]*budget.UsageRow)
+	for field, n := range m {
+		kind, row, ok := strings.Cut(field, ":")
+		if !ok || len(kind) != 1 {
+			return nil, fmt.Errorf("budget: redis usage: unexpected field %q", field)
+		}
+		r := rows[row]
+		if r == nil {
+			model, dep, err := parseRowField(row)
+			if err != nil {
+				return nil, fmt.Errorf("budget: redis usage: %w", err)
+			}
+			r = &budget.UsageRow{Model: model, Deployment: dep}
+			rows[row] = r
+		}
+		switch kind {
+		case "n":
+			r.Requests = n
+		case "p":
+			r.PromptTokens = n
+		case "c":
+			r.CompletionTokens = n
+		case "k":
+			r.CachedTokens = n
+		case "m":
+			r.MicroUSD = n
+		default:
+			return nil, fmt.Errorf("budget: redis usage: unexpected field %q", field)
+		}
+	}
+	out := make([]budget.UsageRow, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, *r)
+	}
+	return out, nil
+}
+
+// rowField encodes a usage row's (model, deployment) unambiguously.
+func rowField(model, deployment string) string {
+	return strconv.Itoa(len(model)) + ":" + model + deployment
+}
+
+// parseRowField decodes rowField.
+func parseRowField(s string) (model, deployment string, err error) {
+	n, rest, ok := strings.Cut(s, ":")
+	l, perr := strconv.Atoi(n)
+	if !ok || perr != nil || l < 0 || l > len(rest) {
+		return "", "", fmt.Errorf("malformed usage row %q", s)
+	}
+	return rest[:l], rest[l:], nil
+}
+
+// ints decodes an array reply of at least n integers.
+func ints(r rueidis.RedisResult, n int) ([]int64, error) {
+	vals, err := r.ToArray()
+	if err != nil {
+		return nil, err
+	}
+	if len(vals) < n {
+		return nil, fmt.Errorf("unexpected reply of %d values, want %d", len(vals), n)
+	}
+	out := make([]int64, len(vals))
+	for i, v := range vals {
+		if out[i], err = v.AsInt64(); err != nil {
+			return nil, errors.Join(fmt.Errorf("reply value %d", i), err)
+		}
+	}
+	return out, nil
+}
