@@ -37,6 +37,17 @@ func openLlmgate(_ context.Context, s Setup) (Factory, func() error, error) {
 		l := lock.New(memory.New(nil))
 		return func(context.Context, int) (Mutex, error) { return &lockerMutex{l: l, opts: opts}, nil }, nil, nil
 	}
+	if s.SharedClient {
+		// One process: one client and one Locker shared by every worker, so
+		// the non-fair mode's in-process queue is what gets measured.
+		c, err := storeurl.OpenRedis(s.Store)
+		if err != nil {
+			return nil, nil, err
+		}
+		l := lock.New(newRedisBackend(c))
+		f := func(context.Context, int) (Mutex, error) { return &lockerMutex{l: l, opts: opts, c: c}, nil }
+		return f, func() error { c.Close(); return nil }, nil
+	}
 	return SharedOrOwn(s, storeurl.OpenRedis, func(c rueidis.Client) (Mutex, error) {
 		return &lockerMutex{l: lock.New(newRedisBackend(c)), opts: opts, c: c}, nil
 	})

@@ -1,4 +1,4 @@
-// Package redis is the Redis (and Valkey) lock backend: Lua scripts for atomic take, hand-off and renewal, with waiters woken one at a time through their own lists.
+// Package redis is the Redis (and Valkey) lock backend: Lua scripts for atomic take, hand-off and renewal, with waiters woken one at a time by Pub/Sub.
 //
 // # Protocol
 //
@@ -18,8 +18,8 @@
 // live waiter the owner (new fence, lease set by the server) and publishes
 // the grant on the Pub/Sub channel of that waiter's Backend: one waiter
 // wakes, already holding the lock, with no further round trip. Each Backend
-// subscribes once, on its client's shared connection, so waiting costs no
-// extra command and no extra connection.
+// subscribes once, on a dedicated connection of its client, so waiting
+// costs no extra command.
 //
 // A waiter also wakes on a client-side timer: at the holder's remaining
 // lease if it is first in the queue (so a crashed holder is taken over right
@@ -112,27 +112,45 @@ func (b *Backend) Key(key string) string { return b.prefix + "{" + key + "}" }
 func (b *Backend) channelPrefix() string { return b.prefix + "wake:" }
 
 // subscribe keeps the wake-up subscription alive until the client closes.
+// It uses a dedicated connection: subscribing on the client's shared one
+// would switch that connection to background reading for good, which costs
+// every later command two goroutine hand-offs.
 func (b *Backend) subscribe() {
-	ctx := rueidis.WithOnSubscriptionHook(context.Background(), func(s rueidis.PubSubSubscription) {
-		if s.Kind == "subscribe" {
-			select {
-			case <-b.subReady:
-			default:
-				close(b.subReady)
-			}
-		}
-	})
-	cmd := b.c.B().Subscribe().Channel(b.channelPrefix() + b.channel).Build()
+	channel := b.channelPrefix() + b.channel
 	backoff := 10 * time.Millisecond
 	for {
-		err := b.c.Receive(ctx, cmd, b.deliver)
+		dc, release := b.c.Dedicate()
+		closed := dc.SetPubSubHooks(rueidis.PubSubHooks{
+			OnMessage: b.deliver,
+			OnSubscription: func(s rueidis.PubSubSubscription) {
+				if s.Kind == "subscribe" {
+					b.markSubscribed()
+				}
+			},
+		})
+		err := dc.Do(context.Background(), dc.B().Subscribe().Channel(channel).Build()).Error()
+		if err == nil {
+			backoff = 10 * time.Millisecond
+			err = <-closed // until the connection breaks or the client closes
+		}
+		release()
 		if errors.Is(err, rueidis.ErrClosing) {
 			return
 		}
-		// The connection broke; messages meanwhile are lost, and waiters'
-		// timers recover them. Subscribe again.
+		// Messages published meanwhile are lost; waiters' timers recover
+		// them. Subscribe again.
 		time.Sleep(backoff)
 		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (b *Backend) markSubscribed() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-b.subReady:
+	default:
+		close(b.subReady)
 	}
 }
 
@@ -243,9 +261,12 @@ func (b *Backend) TryAcquire(ctx context.Context, key, token string, opts lock.O
 // in a local FIFO and only the first of them queues in Redis.
 func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Options) (lock.Grant, error) {
 	if !opts.Fair {
-		leave, err := b.enterGate(ctx, key)
+		leave, passed, err := b.enterGate(ctx, key, token, opts.TTL)
 		if err != nil {
 			return lock.Grant{}, err
+		}
+		if passed != nil {
+			return *passed, nil // a goroutine of this process passed it to us
 		}
 		defer leave()
 	}
@@ -366,17 +387,82 @@ func parseGrant(g string, sent time.Time, serverUS int64, ttl time.Duration) (lo
 	return lock.Grant{Fence: fence, ValidUntil: valid, TTL: min(granted, ttl)}, nil
 }
 
-// Release frees key, or hands it to the next waiter, if token owns it.
+// Release frees key, or passes it on, if token owns it. Goroutines of this
+// process waiting for key without fair mode get it first, directly (one
+// round trip, no wake-up through Redis), unless the first waiter queued in
+// Redis has waited longer than passLimit: then it gets it, so a busy process
+// cannot keep the lock from others for long.
 func (b *Backend) Release(ctx context.Context, key, token string) error {
-	return b.release(ctx, key, token, "")
+	w := b.claimLocalWaiter(key)
+	if w == nil {
+		return b.release(ctx, key, token, "")
+	}
+	start := time.Now()
+	res, err := b.runRelease(ctx, key, token, "", w)
+	if err == nil && res.status == relPassed {
+		w.turn <- localTurn{grant: &lock.Grant{Fence: uint64(res.fence), ValidUntil: lock.SafeValidity(start, w.ttl)}}
+		return nil
+	}
+	b.unclaim(key, w) // not passed: it waits on, first in line
+	if err != nil {
+		return err
+	}
+	if res.status == relNotOwner {
+		return lock.ErrNotHeld
+	}
+	return nil
+}
+
+// passLimit is how long the first waiter queued in Redis may have waited
+// before a release stops passing the lock to goroutines of its own process.
+const passLimit = 5 * time.Millisecond
+
+// release.lua results.
+const (
+	relNotOwner = 0
+	relReleased = 1
+	relHanded   = 2
+	relPassed   = 3
+)
+
+type releaseReply struct {
+	status int64
+	fence  int64
+}
+
+func (b *Backend) runRelease(ctx context.Context, key, token, entry string, pass *localWaiter) (releaseReply, error) {
+	args := []string{token, entry, b.channelPrefix(), "", "", ""}
+	if pass != nil {
+		args[3] = pass.token
+		args[4] = strconv.FormatInt(pass.ttl.Milliseconds(), 10)
+		args[5] = strconv.FormatInt(passLimit.Microseconds(), 10)
+	}
+	vals, err := releaseScript.Exec(ctx, b.c, []string{b.Key(key)}, args).ToArray()
+	if err != nil {
+		return releaseReply{}, fmt.Errorf("lock: redis release %q: %w", key, err)
+	}
+	var r releaseReply
+	if len(vals) == 0 {
+		return r, fmt.Errorf("lock: redis release %q: empty reply", key)
+	}
+	if r.status, err = vals[0].AsInt64(); err == nil && r.status == relPassed {
+		if len(vals) < 2 {
+			return r, fmt.Errorf("lock: redis release %q: unexpected reply of %d values", key, len(vals))
+		}
+		r.fence, err = vals[1].AsInt64()
+	}
+	if err != nil {
+		return r, fmt.Errorf("lock: redis release %q: %w", key, err)
+	}
+	return r, nil
 }
 
 func (b *Backend) release(ctx context.Context, key, token, entry string) error {
-	n, err := releaseScript.Exec(ctx, b.c, []string{b.Key(key)}, []string{token, entry, b.channelPrefix()}).AsInt64()
+	r, err := b.runRelease(ctx, key, token, entry, nil)
 	if err != nil {
-		return fmt.Errorf("lock: redis release %q: %w", key, err)
+		return err
 	}
-	if n == 0 {
+	if r.status == relNotOwner {
 		return lock.ErrNotHeld
 	}
 	return nil
@@ -405,15 +491,34 @@ func (b *Backend) Waiters(ctx context.Context, key string) (int, error) {
 	return int(n), nil
 }
 
-// gate is a process-local FIFO for one key: without fair mode only the
-// goroutine holding the gate queues in Redis.
+// gate is the process-local queue for one key in not-fair mode: only one
+// goroutine (the one with the store turn) queues in Redis; the others wait
+// here in arrival order, for the store turn or for a holder in this process
+// to pass them the lock directly.
 type gate struct {
-	busy    bool
-	waiters []chan struct{} // closed, in order, to pass the gate on
-	refs    int             // goroutines using this gate
+	busy    bool           // a goroutine of this process has the store turn
+	waiters []*localWaiter // the others, in arrival order
+	refs    int            // goroutines using this gate
 }
 
-func (b *Backend) enterGate(ctx context.Context, key string) (leave func(), err error) {
+type localWaiter struct {
+	token string
+	ttl   time.Duration
+	turn  chan localTurn // buffered(1)
+	// claimed is set while a releaser tries to pass the lock to this waiter
+	// (it is then out of waiters); cancelled is set if the waiter gave up
+	// meanwhile.
+	claimed, cancelled bool
+}
+
+// localTurn is what a local waiter is given: the lock itself, or the store turn.
+type localTurn struct {
+	grant *lock.Grant
+}
+
+// enterGate waits for the store turn for key, or for the lock itself from a
+// goroutine of this process. leave passes the store turn on.
+func (b *Backend) enterGate(ctx context.Context, key, token string, ttl time.Duration) (leave func(), passed *lock.Grant, err error) {
 	b.mu.Lock()
 	g := b.gates[key]
 	if g == nil {
@@ -424,45 +529,106 @@ func (b *Backend) enterGate(ctx context.Context, key string) (leave func(), err 
 	leave = func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		b.passLocked(key, g)
+		b.passTurnLocked(g)
+		b.dropRefLocked(key, g)
 	}
 	if !g.busy {
 		g.busy = true
 		b.mu.Unlock()
-		return leave, nil
+		return leave, nil, nil
 	}
-	ch := make(chan struct{})
-	g.waiters = append(g.waiters, ch)
+	w := &localWaiter{token: token, ttl: ttl, turn: make(chan localTurn, 1)}
+	g.waiters = append(g.waiters, w)
 	b.mu.Unlock()
 
 	select {
-	case <-ch:
-		return leave, nil
+	case t := <-w.turn:
+		return b.took(key, g, t, leave)
 	case <-ctx.Done():
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	for i, w := range g.waiters {
-		if w == ch {
+	for i, x := range g.waiters {
+		if x == w {
 			g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
-			g.refs--
-			return nil, errors.Join(lock.ErrNotObtained, ctx.Err())
+			b.dropRefLocked(key, g)
+			b.mu.Unlock()
+			return nil, nil, errors.Join(lock.ErrNotObtained, ctx.Err())
 		}
 	}
-	// The gate was passed to us just as we gave up: pass it on.
-	b.passLocked(key, g)
-	return nil, errors.Join(lock.ErrNotObtained, ctx.Err())
+	if !w.claimed {
+		// We were given the store turn just as we gave up: pass it on.
+		b.mu.Unlock()
+		<-w.turn
+		leave()
+		return nil, nil, errors.Join(lock.ErrNotObtained, ctx.Err())
+	}
+	// A releaser is passing us the lock right now: see whether it did, and
+	// if so pass it on in turn.
+	w.cancelled = true
+	b.mu.Unlock()
+	if t := <-w.turn; t.grant != nil {
+		_ = b.Release(context.WithoutCancel(ctx), key, token)
+	}
+	b.mu.Lock()
+	b.dropRefLocked(key, g)
+	b.mu.Unlock()
+	return nil, nil, errors.Join(lock.ErrNotObtained, ctx.Err())
 }
 
-// passLocked gives the gate to the next local waiter and drops one
-// reference; b.mu must be held.
-func (b *Backend) passLocked(key string, g *gate) {
-	if len(g.waiters) > 0 {
-		close(g.waiters[0])
-		g.waiters = g.waiters[1:]
-	} else {
-		g.busy = false
+// took turns what a local waiter was given into enterGate's results.
+func (b *Backend) took(key string, g *gate, t localTurn, leave func()) (func(), *lock.Grant, error) {
+	if t.grant != nil {
+		b.mu.Lock()
+		b.dropRefLocked(key, g)
+		b.mu.Unlock()
+		return nil, t.grant, nil
 	}
+	return leave, nil, nil
+}
+
+// claimLocalWaiter takes the first local waiter of key, if any, for a
+// releaser to pass the lock to.
+func (b *Backend) claimLocalWaiter(key string) *localWaiter {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g := b.gates[key]
+	if g == nil || len(g.waiters) == 0 {
+		return nil
+	}
+	w := g.waiters[0]
+	g.waiters = g.waiters[1:]
+	w.claimed = true
+	return w
+}
+
+// unclaim puts back a local waiter the lock was not passed to, first in
+// line; if it gave up meanwhile, it is told so.
+func (b *Backend) unclaim(key string, w *localWaiter) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w.claimed = false
+	g := b.gates[key]
+	if w.cancelled || g == nil {
+		w.turn <- localTurn{}
+		return
+	}
+	g.waiters = append([]*localWaiter{w}, g.waiters...)
+}
+
+// passTurnLocked gives the store turn to the first local waiter, or frees
+// it; b.mu must be held.
+func (b *Backend) passTurnLocked(g *gate) {
+	if len(g.waiters) > 0 {
+		w := g.waiters[0]
+		g.waiters = g.waiters[1:]
+		w.turn <- localTurn{}
+		return
+	}
+	g.busy = false
+}
+
+// dropRefLocked forgets the gate when nobody uses it; b.mu must be held.
+func (b *Backend) dropRefLocked(key string, g *gate) {
 	g.refs--
 	if g.refs == 0 {
 		delete(b.gates, key)

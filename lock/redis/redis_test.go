@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -913,5 +914,65 @@ func TestWaiterSurvivesRestart(t *testing.T) {
 	}
 	if !errors.Is(relErr, lock.ErrNotHeld) {
 		t.Fatalf("old holder's Release after the restart = %v, want ErrNotHeld", relErr)
+	}
+}
+
+// TestBusyProcessCannotStarveOthers: without fair mode a release passes the
+// lock straight to a goroutine of the same process, but only while the
+// first waiter queued in Redis (another process) has waited less than the
+// pass limit. Eight goroutines of one process hammer the lock; a waiter of
+// another process must still get it promptly, every time.
+func TestBusyProcessCannotStarveOthers(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ctx := testCtx(t, 60*time.Second)
+	busy, other := newLocker(t, r), newLocker(t, r)
+	key := newKey(t)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var passes atomic.Int64
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				lease, err := busy.Acquire(ctx, key, lock.Options{})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				passes.Add(1)
+				if err := lease.Release(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	var worst time.Duration
+	for i := range 20 {
+		start := time.Now()
+		lease, err := other.Acquire(ctx, key, lock.Options{})
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if d := time.Since(start); d > worst {
+			worst = d
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("busy process: %d acquisitions; the other process's worst wait: %v", passes.Load(), worst)
+	// The pass limit is 5ms; allow for a loaded 2-core machine.
+	if worst > 500*time.Millisecond {
+		t.Errorf("the other process waited up to %v while one process kept passing the lock to itself", worst)
 	}
 }
