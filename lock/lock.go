@@ -62,9 +62,10 @@ type Options struct {
 	TTL time.Duration
 	// Fair makes every waiter, in every process, queue in the store in
 	// arrival order. When false (the default), waiters in one process queue
-	// locally behind a single store-level waiter: processes are still served
-	// in arrival order and nobody starves, but one process's goroutines may
-	// be served ahead of another process's waiter that arrived between them.
+	// locally behind a single store-level waiter, and a release passes the
+	// lock directly to the next goroutine of the same process while the
+	// store's first waiter has waited less than a few milliseconds: faster,
+	// and nobody starves, but the order is not strict arrival order.
 	Fair bool
 	// WaiterLease is how long a queued waiter's place survives without
 	// renewal (waiters renew it every WaiterLease/3 while they wait). A lock
