@@ -31,6 +31,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // Errors returned by this package and its backends.
@@ -44,9 +45,13 @@ var (
 	// ErrUnknownReservation means Settle or Refund named a reservation that
 	// does not exist: never made, or expired unsettled (its estimate stands).
 	ErrUnknownReservation = errors.New("ratelimit: unknown or expired reservation")
-	// ErrStoreUnavailable wraps a store error when a fail-closed limit
-	// could not be checked.
+	// ErrStoreUnavailable marks a store that could not be reached. Backends
+	// wrap their connection errors in it; the limits' fail-open / fail-closed
+	// policy applies to it (and to nothing else).
 	ErrStoreUnavailable = errors.New("ratelimit: store unavailable")
+	// ErrUnexpectedReply means the store answered something the backend
+	// cannot read: a bug or a foreign key in the way, never an outage.
+	ErrUnexpectedReply = errors.New("ratelimit: unexpected reply from the store")
 	// ErrInvalid wraps errors about malformed requests or limits.
 	ErrInvalid = errors.New("ratelimit: invalid request")
 )
@@ -136,6 +141,10 @@ const (
 	Batch       Priority = 1
 )
 
+// MaxAmount bounds limits, bursts and costs: stores compute in double
+// precision, exact up to 2^53.
+const MaxAmount = 1<<53 - 1
+
 // DefaultHold is how long a reservation lives unsettled (and a concurrency
 // permit unreleased) before it is dropped as abandoned.
 const DefaultHold = time.Minute
@@ -177,8 +186,9 @@ type Decision struct {
 	ID      string
 	Allowed bool
 	// RetryAfter, when not allowed, is how long until this request would
-	// fit if nothing else were admitted meanwhile; 0 when it depends on a
-	// release (a concurrency permit) rather than on time.
+	// fit if nothing else were admitted meanwhile. For a full concurrency
+	// limit it is when the permit that must go expires at the latest (a
+	// release frees one sooner). 0 when it cannot be told (waiters ahead).
 	RetryAfter time.Duration
 	// DeniedBy is the scope of the first limit that refused, when not allowed.
 	DeniedBy string
@@ -288,12 +298,30 @@ func normalize(r Request) (*Request, error) {
 	if r.Hold < time.Millisecond {
 		return nil, fmt.Errorf("%w: hold %v below 1ms", ErrInvalid, r.Hold)
 	}
+	if r.Lane != "" && !utf8.ValidString(r.Lane) {
+		return nil, fmt.Errorf("%w: lane is not valid UTF-8", ErrInvalid)
+	}
 	r.Charges = append([]Charge(nil), r.Charges...)
+	seen := make(map[string]bool, len(r.Charges))
 	for i := range r.Charges {
 		c := &r.Charges[i]
 		if c.Scope == "" {
 			return nil, fmt.Errorf("%w: charge %d has no scope", ErrInvalid, i)
 		}
+		if !utf8.ValidString(c.Scope) {
+			// Stores key by text; two invalid byte strings could collide.
+			return nil, fmt.Errorf("%w: scope of charge %d is not valid UTF-8", ErrInvalid, i)
+		}
+		if c.Limit.Kind == Concurrency {
+			c.Limit.Window = 0
+		} else if c.Limit.Window%time.Microsecond != 0 {
+			return nil, fmt.Errorf("%w: %s window on %q is not a whole number of microseconds", ErrInvalid, c.Limit.Kind, c.Scope)
+		}
+		id := fmt.Sprintf("%d/%d/%s", c.Limit.Kind, c.Limit.Window, c.Scope)
+		if seen[id] {
+			return nil, fmt.Errorf("%w: two %s limits with the same window on %q", ErrInvalid, c.Limit.Kind, c.Scope)
+		}
+		seen[id] = true
 		switch c.Limit.Kind {
 		case Requests, Concurrency:
 			if c.Cost == 0 {
@@ -308,6 +336,9 @@ func normalize(r Request) (*Request, error) {
 		}
 		if c.Cost < 0 {
 			return nil, fmt.Errorf("%w: negative cost %d on %q", ErrInvalid, c.Cost, c.Scope)
+		}
+		if c.Limit.Limit > MaxAmount || c.Limit.Burst > MaxAmount || c.Cost > MaxAmount {
+			return nil, fmt.Errorf("%w: amounts on %q above %d", ErrInvalid, c.Scope, int64(MaxAmount))
 		}
 		if c.Limit.Limit <= 0 {
 			return nil, fmt.Errorf("%w: %s limit on %q is %d; it must be at least 1", ErrImpossible, c.Limit.Kind, c.Scope, c.Limit.Limit)
@@ -341,8 +372,12 @@ func failOpen(r *Request) bool {
 	return true
 }
 
-// outage applies the store-outage policy of r's limits to err.
+// outage applies the store-outage policy of r's limits to err; errors that
+// are not outages are returned as they are.
 func (l *Limiter) outage(r *Request, err error) (Decision, error) {
+	if !errors.Is(err, ErrStoreUnavailable) {
+		return Decision{ID: r.ID}, err
+	}
 	l.storeErrors.Add(1)
 	if failOpen(r) {
 		l.failedOpen.Add(1)
@@ -351,7 +386,7 @@ func (l *Limiter) outage(r *Request, err error) (Decision, error) {
 	}
 	l.failedClosed.Add(1)
 	l.log.Error("ratelimit: store unavailable; denying (fail-closed)", "lane", r.Lane, "err", err)
-	return Decision{ID: r.ID}, fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	return Decision{ID: r.ID}, err
 }
 
 func (l *Limiter) count(d Decision) {
@@ -400,6 +435,10 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 			if first && ctx.Err() == nil {
 				return l.outage(r, err)
 			}
+			if !errors.Is(err, ErrStoreUnavailable) && ctx.Err() == nil {
+				_, _ = l.giveUp(ctx, r, last)
+				return Decision{ID: r.ID}, err
+			}
 			if werr := sleepCtx(ctx, backoff); werr != nil {
 				return l.giveUp(ctx, r, last)
 			}
@@ -437,6 +476,10 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 			}
 			if ctx.Err() != nil {
 				return l.giveUp(ctx, r, last)
+			}
+			if err != nil && !errors.Is(err, ErrStoreUnavailable) {
+				_, _ = l.giveUp(ctx, r, last)
+				return Decision{ID: r.ID}, err
 			}
 			if err != nil || d.RetryAfter <= 0 {
 				break // timed out (or a transient error): renew and walk

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/llmgate/llmgate/internal/lockbench"
+	"github.com/llmgate/llmgate/internal/ratebench"
 )
 
 // Exit statuses shared by the subcommands. A command that runs a child
@@ -41,9 +42,10 @@ Run 'llmgate help <command>' or 'llmgate <command> --help' for details.
 `
 
 const benchUsageText = `Usage:
-  llmgate bench lock [flags]   measure lock throughput, hand-off latency and fairness
+  llmgate bench lock [flags]        measure lock throughput, hand-off latency and fairness
+  llmgate bench ratelimit [flags]   measure rate-limit decisions per second, latency and accuracy
 
-Run 'llmgate bench lock --help' for its flags.
+Run 'llmgate bench lock --help' or 'llmgate bench ratelimit --help' for their flags.
 `
 
 // App is one invocation of the llmgate command line: where it reads and
@@ -182,6 +184,10 @@ func (a *App) bench(args []string) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return lockbench.Main(ctx, args[1:], a.Stdout, a.Stderr)
+	case "ratelimit":
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return ratebench.Main(ctx, args[1:], a.Stdout, a.Stderr)
 	default:
 		fmt.Fprintf(a.Stderr, "llmgate bench: unknown benchmark %q; run 'llmgate bench --help' for the list\n", args[0])
 		return exitUsage

@@ -3,7 +3,9 @@ package memory
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -14,7 +16,7 @@ import (
 
 const (
 	maxScan  = 64 // waiters examined per walk of a lane, as in the Redis backend
-	maxLanes = 8  // lanes walked after a settle
+	maxLanes = 32 // lanes walked after a settle (the rest keep their mark for the next)
 	// sweepEvery is how many operations pass between sweeps of expired
 	// reservations and permits.
 	sweepEvery = 256
@@ -77,12 +79,13 @@ func New(clk clock.Clock) *Backend {
 	}
 }
 
-func bucketKey(c ratelimit.Charge) string {
-	if c.Limit.Kind == ratelimit.Tokens {
-		return "t:" + c.Scope
-	}
-	return "r:" + c.Scope
+// limitID names one limit: two limits of one kind on one scope (RPM and
+// RPD, say) differ by window.
+func limitID(c ratelimit.Charge) string {
+	return fmt.Sprintf("%s:%d:%s", c.Limit.Kind, c.Limit.Window, c.Scope)
 }
+
+func bucketKey(c ratelimit.Charge) string { return limitID(c) }
 
 func rate(c ratelimit.Charge) float64 { // units per nanosecond
 	return float64(c.Limit.Limit) / float64(c.Limit.Window)
@@ -131,12 +134,20 @@ func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[string]bool, 
 		if end, has := b.cooldowns[c.Scope]; has && end.After(now) {
 			deny, w = true, end.Sub(now)
 		}
-		if blocked[c.Limit.Kind.String()+":"+c.Scope] {
+		if blocked[limitID(c)] {
 			deny, wUnknown = true, true
 		}
 		if c.Limit.Kind == ratelimit.Concurrency {
-			if int64(len(b.permitsLocked(c.Scope, now)))+1 > c.Limit.Limit {
-				deny, wUnknown = true, true
+			if p := b.permitsLocked(c.Scope, now); int64(len(p))+1 > c.Limit.Limit {
+				// Full: at the latest, a slot frees when the earliest permit
+				// that must go expires (a release frees one sooner).
+				exp := make([]time.Time, 0, len(p))
+				for _, t := range p {
+					exp = append(exp, t)
+				}
+				slices.SortFunc(exp, func(a, b time.Time) int { return a.Compare(b) })
+				deny = true
+				w = max(w, exp[int64(len(p))-c.Limit.Limit].Sub(now), time.Nanosecond)
 			}
 		} else {
 			bk := b.levelLocked(c, now)
@@ -297,7 +308,7 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 			continue
 		}
 		for _, c := range refused {
-			blocked[c.Limit.Kind.String()+":"+c.Scope] = true
+			blocked[limitID(c)] = true
 			set := b.blocked[c.Scope]
 			if set == nil {
 				set = make(map[string]bool)
@@ -481,13 +492,17 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 			bk := b.levelLocked(c, now)
 			bk.level = math.Min(float64(c.Limit.Burst), bk.level-float64(a-c.Cost))
 		}
-		for ln := range b.blocked[c.Scope] {
+		set := b.blocked[c.Scope]
+		for ln := range set {
 			if !seen[ln] && len(lanes) < maxLanes {
 				lanes = append(lanes, ln)
 				seen[ln] = true
+				delete(set, ln)
 			}
 		}
-		delete(b.blocked, c.Scope)
+		if len(set) == 0 {
+			delete(b.blocked, c.Scope)
+		}
 	}
 	res.settled = true
 	for _, ln := range lanes {
@@ -539,4 +554,14 @@ func (b *Backend) Observe(_ context.Context, scope string, l ratelimit.Limit, re
 		bk.level = float64(remaining)
 	}
 	return nil
+}
+
+// Waiters returns how many requests wait in lane.
+func (b *Backend) Waiters(_ context.Context, lane string) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if l := b.lanes[lane]; l != nil {
+		return len(l.entries), nil
+	}
+	return 0, nil
 }

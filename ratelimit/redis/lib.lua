@@ -1,7 +1,7 @@
 -- lib.lua: functions shared by the limiter's scripts; prepended to each.
 --
 -- Every key lives under B = KEYS[1] = "<prefix>{<group>}", one Cluster slot:
---   B:b:<scope>:<r|t>  hash  rate bucket: l = level (units), t = last update (µs)
+--   B:b:<scope>:<r|t>:<window_us>  hash  rate bucket: l = level (units), t = last update (µs)
 --   B:c:<scope>        zset  concurrency permits: member = reservation id, score = expiry (ms)
 --   B:cd:<scope>       string cooldown end (µs), PX = its length
 --   B:q:<lane>         zset  waiters: member = request id, score = priority * 1e13 + arrival seq
@@ -12,15 +12,17 @@
 --   B:bl:<scope>       set   lanes whose waiters are blocked on scope
 --   B:h:<lane>         hash  waiter id -> when it was last told it would fit (µs)
 --   B:seq              string arrival sequence
--- A spec is {"c": [[kind, scope, limit, window_ms, burst, cost], ...], "h": hold_ms, "l": lane}
+-- A spec is {"c": [[kind, scope, limit, window_us, burst, cost], ...], "h": hold_ms, "l": lane}
 -- with kind "r" (requests), "t" (tokens) or "c" (concurrency).
--- A decision is {"a": 1|0, "w": wait_us (-1 unknown), "d": index of the first refusing
--- charge (0 none), "s": [[remaining, reset_ms], ...]}. A wake-up list carries the
--- waiter's decision when it is admitted, or a hint {"a": 0, "w": wait_us} when
--- it became the first in its lane that cannot go yet.
+-- A decision is the string "a w d r1 s1 r2 s2 ..." of integers: admitted (1|0),
+-- wait_us (-1 unknown), index of the first refusing charge (0 none), then per
+-- charge remaining and reset_ms. Integers, not JSON: cjson would print large
+-- numbers with 14 significant digits. A wake-up list carries the waiter's
+-- decision when it is admitted, or a hint "0 wait_us d" when it became the
+-- first in its lane that cannot go yet.
 -- Time comes from the server only.
 local MAXSCAN = 64  -- waiters examined per walk of a lane
-local MAXLANES = 8  -- lanes walked after a settle
+local MAXLANES = 32 -- lanes walked after a settle (the rest keep their mark for the next)
 
 local function new_state(B)
   local t = redis.call('TIME')
@@ -28,11 +30,17 @@ local function new_state(B)
   return {B = B, now_us = us, now_ms = math.floor(us / 1000), buckets = {}, permits = {}, cooldowns = {}}
 end
 
+-- limit_id names one limit: two limits of one kind on one scope (RPM and
+-- RPD, say) differ by window.
+local function limit_id(c)
+  return c[1] .. ':' .. string.format('%d', c[4]) .. ':' .. c[2]
+end
+
 local function bucket(S, c)
-  local key = S.B .. ':b:' .. c[2] .. ':' .. c[1]
+  local key = S.B .. ':b:' .. c[2] .. ':' .. c[1] .. ':' .. string.format('%d', c[4])
   local b = S.buckets[key]
   if b then return b end
-  local rate = c[3] / (c[4] * 1000) -- units per µs
+  local rate = c[3] / c[4] -- units per µs
   local burst = c[5]
   local level = burst
   local v = redis.call('HMGET', key, 'l', 't')
@@ -50,7 +58,7 @@ local function permits(S, c)
   local p = S.permits[key]
   if p then return p end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', S.now_ms)
-  p = {key = key, count = redis.call('ZCARD', key), limit = c[3], hold = 0}
+  p = {key = key, count = redis.call('ZCARD', key), limit = c[3], hold = 0, free_at = nil}
   S.permits[key] = p
   return p
 end
@@ -74,10 +82,19 @@ local function evaluate(S, spec, blocked)
     local w = nil
     local cd = cooldown_end(S, c[2])
     if cd > S.now_us then w = cd - S.now_us end
-    if blocked[c[1] .. ':' .. c[2]] then w = -1 end
+    if blocked[limit_id(c)] then w = -1 end
     if c[1] == 'c' then
       local p = permits(S, c)
-      if p.count + 1 > p.limit then w = -1 end
+      if p.count + 1 > p.limit then
+        -- Full: at the latest, a slot frees when the earliest permit that
+        -- must go expires (a release frees one sooner, and wakes us).
+        if p.free_at == nil then
+          local r = redis.call('ZRANGE', p.key, p.count - p.limit, p.count - p.limit, 'WITHSCORES')
+          p.free_at = tonumber(r[2] or S.now_ms)
+        end
+        local need = math.max(p.free_at - S.now_ms, 1) * 1000
+        if w == nil or (w >= 0 and need > w) then w = need end
+      end
     else
       local b = bucket(S, c)
       if b.level < c[6] then
@@ -112,21 +129,22 @@ local function charge(S, spec, id)
 end
 
 local function decision(S, spec, ok, wait, first)
-  local st = {}
-  for i, c in ipairs(spec.c) do
-    if c[1] == 'c' then
-      local p = permits(S, c)
-      st[i] = {math.max(p.limit - p.count, 0), 0}
-    else
-      local b = bucket(S, c)
-      local rem = math.floor(b.level)
-      if rem < 0 then rem = 0 end
-      st[i] = {rem, math.max(math.ceil((b.burst - b.level) / b.rate / 1000), 0)}
-    end
-  end
   local a = 0
   if ok then a = 1 end
-  return cjson.encode({a = a, w = wait, d = first, s = st})
+  local out = {string.format('%d %d %d', a, wait, first)}
+  for i, c in ipairs(spec.c) do
+    local rem, reset = 0, 0
+    if c[1] == 'c' then
+      local p = permits(S, c)
+      rem = math.max(p.limit - p.count, 0)
+    else
+      local b = bucket(S, c)
+      rem = math.max(math.floor(b.level), 0)
+      reset = math.max(math.ceil((b.burst - b.level) / b.rate / 1000), 0)
+    end
+    out[i + 1] = string.format('%d %d', rem, reset)
+  end
+  return table.concat(out, ' ')
 end
 
 -- flush writes back the buckets this run changed. An idle bucket refills
@@ -169,7 +187,7 @@ local function hint(S, lane, id, spec, wait, first)
   redis.call('HSET', hk, id, string.format('%d', target))
   redis.call('PEXPIRE', hk, 60000)
   local nk = S.B .. ':n:' .. id
-  redis.call('RPUSH', nk, cjson.encode({a = 0, w = wait, d = first}))
+  redis.call('RPUSH', nk, string.format('0 %d %d', wait, first))
   redis.call('PEXPIRE', nk, spec.h)
 end
 
@@ -201,7 +219,7 @@ local function walk(S, lane, self)
         end
       else
         for _, c in ipairs(refused) do
-          blocked[c[1] .. ':' .. c[2]] = true
+          blocked[limit_id(c)] = true
           local bl = S.B .. ':bl:' .. c[2]
           redis.call('SADD', bl, lane)
           redis.call('PEXPIRE', bl, 60000)
@@ -245,9 +263,9 @@ local function settle(S, id, actual)
       if not seen[lane] and #lanes < MAXLANES then
         lanes[#lanes + 1] = lane
         seen[lane] = true
+        redis.call('SREM', bl, lane)
       end
     end
-    redis.call('DEL', bl)
   end
   redis.call('HSET', rk, 'st', '1')
   for _, lane in ipairs(lanes) do

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -79,7 +80,7 @@ func New(c rueidis.Client, cfg Config) *Backend {
 
 // spec is a request as the scripts see it.
 type spec struct {
-	C [][]any `json:"c"` // [kind, scope, limit, window_ms, burst, cost]
+	C [][]any `json:"c"` // [kind, scope, limit, window_us, burst, cost]
 	H int64   `json:"h"` // hold ms
 	L string  `json:"l"` // lane
 }
@@ -94,43 +95,65 @@ func encodeSpec(r *ratelimit.Request) (string, error) {
 		case ratelimit.Tokens:
 			kind = "t"
 		}
-		s.C[i] = []any{kind, c.Scope, c.Limit.Limit, c.Limit.Window.Milliseconds(), c.Limit.Burst, c.Cost}
+		s.C[i] = []any{kind, c.Scope, c.Limit.Limit, c.Limit.Window.Microseconds(), c.Limit.Burst, c.Cost}
 	}
 	b, err := json.Marshal(s)
 	return string(b), err
 }
 
-// wireDecision is a decision as the scripts return it.
-type wireDecision struct {
-	A int       `json:"a"`
-	W float64   `json:"w"` // µs; -1 unknown
-	D int       `json:"d"` // 1-based index of the first refusing charge
-	S [][]int64 `json:"s"` // [remaining, reset_ms]
-}
-
+// decode parses a decision "a w d r1 s1 r2 s2 ..." (see lib.lua), or a
+// hint "0 w d".
 func decode(r *ratelimit.Request, raw string) (ratelimit.Decision, error) {
-	var w wireDecision
-	if err := json.Unmarshal([]byte(raw), &w); err != nil {
-		return ratelimit.Decision{}, fmt.Errorf("ratelimit: redis: malformed decision %q: %w", raw, err)
+	f := strings.Fields(raw)
+	n := make([]int64, len(f))
+	for i, x := range f {
+		v, err := parseInt(x)
+		if err != nil {
+			return ratelimit.Decision{}, fmt.Errorf("%w: malformed decision %q", ratelimit.ErrUnexpectedReply, raw)
+		}
+		n[i] = v
 	}
-	d := ratelimit.Decision{ID: r.ID, Allowed: w.A == 1, Limits: make([]ratelimit.Status, len(r.Charges))}
-	for i, c := range r.Charges {
-		d.Limits[i] = ratelimit.Status{Scope: c.Scope, Kind: c.Limit.Kind, Limit: c.Limit.Limit}
-		if i < len(w.S) && len(w.S[i]) == 2 {
-			d.Limits[i].Remaining = w.S[i][0]
-			d.Limits[i].Reset = time.Duration(w.S[i][1]) * time.Millisecond
+	if len(n) < 3 || (len(n) != 3 && len(n) != 3+2*len(r.Charges)) {
+		return ratelimit.Decision{}, fmt.Errorf("%w: malformed decision %q", ratelimit.ErrUnexpectedReply, raw)
+	}
+	d := ratelimit.Decision{ID: r.ID, Allowed: n[0] == 1}
+	if len(n) > 3 {
+		d.Limits = make([]ratelimit.Status, len(r.Charges))
+		for i, c := range r.Charges {
+			d.Limits[i] = ratelimit.Status{
+				Scope: c.Scope, Kind: c.Limit.Kind, Limit: c.Limit.Limit,
+				Remaining: max(n[3+2*i], 0), Reset: duration(n[4+2*i], time.Millisecond),
+			}
 		}
 	}
 	if !d.Allowed {
-		if w.W > 0 {
-			d.RetryAfter = time.Duration(w.W) * time.Microsecond
-		}
-		if w.D >= 1 && w.D <= len(r.Charges) {
-			d.DeniedBy = r.Charges[w.D-1].Scope
-			d.DeniedKind = r.Charges[w.D-1].Limit.Kind
+		d.RetryAfter = duration(n[1], time.Microsecond)
+		if n[2] >= 1 && n[2] <= int64(len(r.Charges)) {
+			d.DeniedBy = r.Charges[n[2]-1].Scope
+			d.DeniedKind = r.Charges[n[2]-1].Limit.Kind
 		}
 	}
 	return d, nil
+}
+
+func parseInt(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
+
+// duration converts n units to a Duration, clamped to [0, ~146 years].
+func duration(n int64, unit time.Duration) time.Duration {
+	const most = time.Duration(1 << 62)
+	switch {
+	case n <= 0:
+		return 0
+	case n > int64(most/unit):
+		return most
+	}
+	return time.Duration(n) * unit
+}
+
+// unavailable marks an error of the client call itself as a store outage,
+// to which the limits' fail-open / fail-closed policy applies.
+func unavailable(op string, err error) error {
+	return fmt.Errorf("%w: redis %s: %w", ratelimit.ErrStoreUnavailable, op, err)
 }
 
 func (b *Backend) admit(ctx context.Context, r *ratelimit.Request, mode string, lease time.Duration) (ratelimit.Decision, error) {
@@ -141,14 +164,14 @@ func (b *Backend) admit(ctx context.Context, r *ratelimit.Request, mode string, 
 	args := []string{mode, r.ID, sp, strconv.Itoa(int(r.Priority)), strconv.FormatInt(max(lease.Milliseconds(), 1), 10)}
 	vals, err := admitScript.Exec(ctx, b.c, []string{b.base}, args).ToArray()
 	if err != nil {
-		return ratelimit.Decision{}, fmt.Errorf("ratelimit: redis admit: %w", err)
+		return ratelimit.Decision{}, unavailable("admit", err)
 	}
 	if len(vals) != 2 {
-		return ratelimit.Decision{}, fmt.Errorf("ratelimit: redis admit: unexpected reply of %d values", len(vals))
+		return ratelimit.Decision{}, fmt.Errorf("%w: admit: %d values", ratelimit.ErrUnexpectedReply, len(vals))
 	}
 	raw, err := vals[1].ToString()
 	if err != nil {
-		return ratelimit.Decision{}, fmt.Errorf("ratelimit: redis admit: %w", err)
+		return ratelimit.Decision{}, fmt.Errorf("%w: admit: %w", ratelimit.ErrUnexpectedReply, err)
 	}
 	return decode(r, raw)
 }
@@ -181,19 +204,19 @@ func (b *Backend) Await(ctx context.Context, r *ratelimit.Request, timeout time.
 		return ratelimit.Decision{}, false, nil
 	}
 	if err != nil {
-		return ratelimit.Decision{}, false, fmt.Errorf("ratelimit: redis wait: %w", err)
+		return ratelimit.Decision{}, false, unavailable("wait", err)
 	}
 	if len(vals) != 2 {
-		return ratelimit.Decision{}, false, fmt.Errorf("ratelimit: redis wait: unexpected reply of %d values", len(vals))
+		return ratelimit.Decision{}, false, fmt.Errorf("%w: wait: %d values", ratelimit.ErrUnexpectedReply, len(vals))
 	}
-	d, err := decode(r, vals[1]) // a decision, or a hint {"a":0,"w":...}
+	d, err := decode(r, vals[1]) // a decision, or a hint "0 w d"
 	return d, err == nil && d.Allowed, err
 }
 
 func (b *Backend) settle(ctx context.Context, id, actual, lane string) error {
 	n, err := settleScript.Exec(ctx, b.c, []string{b.base}, []string{id, actual, lane}).AsInt64()
 	if err != nil {
-		return fmt.Errorf("ratelimit: redis settle: %w", err)
+		return unavailable("settle", err)
 	}
 	if n == 0 && lane == "" {
 		return ratelimit.ErrUnknownReservation
@@ -222,7 +245,7 @@ func (b *Backend) Settle(ctx context.Context, id string, actual []int64) error {
 func (b *Backend) Extend(ctx context.Context, id string, hold time.Duration) error {
 	n, err := extendScript.Exec(ctx, b.c, []string{b.base}, []string{id, strconv.FormatInt(hold.Milliseconds(), 10)}).AsInt64()
 	if err != nil {
-		return fmt.Errorf("ratelimit: redis extend: %w", err)
+		return unavailable("extend", err)
 	}
 	if n == 0 {
 		return ratelimit.ErrUnknownReservation
@@ -234,7 +257,7 @@ func (b *Backend) Extend(ctx context.Context, id string, hold time.Duration) err
 func (b *Backend) Cooldown(ctx context.Context, scope string, d time.Duration) (time.Duration, error) {
 	ms, err := cooldownScript.Exec(ctx, b.c, []string{b.base}, []string{scope, strconv.FormatInt(max(d.Milliseconds(), 1), 10)}).AsInt64()
 	if err != nil {
-		return 0, fmt.Errorf("ratelimit: redis cooldown: %w", err)
+		return 0, unavailable("cooldown", err)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
 }
@@ -247,7 +270,7 @@ func (b *Backend) Observe(ctx context.Context, scope string, l ratelimit.Limit, 
 	}
 	err = observeScript.Exec(ctx, b.c, []string{b.base}, []string{sp, strconv.FormatInt(remaining, 10)}).Error()
 	if err != nil {
-		return fmt.Errorf("ratelimit: redis observe: %w", err)
+		return unavailable("observe", err)
 	}
 	return nil
 }

@@ -1,0 +1,230 @@
+package ratebench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/llmgate/llmgate/internal/storeurl"
+)
+
+// Exit codes of Main.
+const (
+	ExitOK    = 0
+	ExitFail  = 1 // the run failed, or an accuracy run admitted more than the ideal
+	ExitUsage = 2 // bad flags
+)
+
+const usageSynopsis = "usage: llmgate bench ratelimit --store URL [--workers N] [--duration D] [--limits 1|2|3] [--settle] [--json]\n" +
+	"       llmgate bench ratelimit --store URL --accuracy [--procs N] [--workers N] [--rate R] [--burst B] [--duration D] [--algo llmgate|gcra] [--wait] [--json]"
+
+// hidden flags are left out of the usage text: they are how Main talks to
+// the worker processes it starts itself.
+var hidden = map[string]bool{childFlag: true, "key": true}
+
+// Main runs `llmgate bench ratelimit`; args are those after "ratelimit". It
+// prints one JSON object with --json, a table otherwise, and returns the
+// exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("llmgate bench ratelimit", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var (
+		cfg        = Config{}
+		acc        = AccuracyConfig{}
+		accuracy   bool
+		child      bool
+		key        string
+		jsonOut    bool
+		cpuProfile string
+	)
+	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[user:password@]host:port[/db]")
+	fs.IntVar(&cfg.Workers, "workers", DefaultWorkers, "concurrent workers, each with its own client (with --accuracy: per process, default 1)")
+	fs.DurationVar(&cfg.Duration, "duration", DefaultDuration, "how long to run (each algorithm)")
+	fs.IntVar(&cfg.Limits, "limits", DefaultLimits, "limits per decision: 1 deployment RPM, 2 + deployment TPM, 3 + tenant RPM")
+	fs.BoolVar(&cfg.Settle, "settle", false, "also Settle every admitted request (a request's whole store traffic)")
+	fs.BoolVar(&cfg.Baseline, "baseline", true, "also measure the GCRA baseline (redis_rate's algorithm, one limit) in the same run")
+	fs.BoolVar(&cfg.SharedClient, "shared-client", false, "all workers share one client (one gateway replica) instead of one each")
+	fs.IntVar(&cfg.Pings, "ping", DefaultPings, "PINGs timed before and after the run (0: none)")
+	fs.Int64Var(&cfg.MaxOps, "max-ops", DefaultMaxOps, "stop after this many decisions per algorithm")
+	fs.DurationVar(&cfg.Hold, "hold", 0, "reservation hold (default ratelimit.DefaultHold)")
+	fs.BoolVar(&accuracy, "accuracy", false, "accuracy mode: several processes share one limit; prints admitted, ideal, over")
+	fs.IntVar(&acc.Procs, "procs", 4, "with --accuracy: worker processes")
+	fs.Int64Var(&acc.Rate, "rate", 1000, "with --accuracy: the limit, per second")
+	fs.Int64Var(&acc.Burst, "burst", 0, "with --accuracy: the bucket size (0: the rate, one second's worth)")
+	fs.StringVar(&acc.Algo, "algo", AlgoLlmgate, "with --accuracy: "+AlgoLlmgate+" or "+AlgoGCRA)
+	fs.BoolVar(&acc.Wait, "wait", false, "with --accuracy: Wait in the queue instead of Allow (llmgate)")
+	fs.BoolVar(&jsonOut, "json", false, "print one JSON object instead of a table")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to `file`")
+	fs.BoolVar(&child, childFlag, false, "run as a worker process of an accuracy run")
+	fs.StringVar(&key, "key", "", "the limit's key, for a worker process")
+
+	usage := func(w io.Writer) {
+		fmt.Fprintln(w, usageSynopsis)
+		fmt.Fprintln(w, "\nMeasures the rate limiter: decisions/s and latency over a request's limits against a GCRA")
+		fmt.Fprintln(w, "baseline in the same run, or (--accuracy) how close processes sharing one limit get to the ideal.")
+		fmt.Fprintln(w, "\nflags:")
+		fs.VisitAll(func(f *flag.Flag) {
+			if hidden[f.Name] {
+				return
+			}
+			name, help := flag.UnquoteUsage(f)
+			fmt.Fprintf(w, "  --%s %s\n    \t%s", f.Name, name, help)
+			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
+				fmt.Fprintf(w, " (default %s)", f.DefValue)
+			}
+			fmt.Fprintln(w)
+		})
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "llmgate bench ratelimit: "+format+"\n", a...)
+		fmt.Fprintln(stderr, usageSynopsis)
+		fmt.Fprintln(stderr, "run 'llmgate bench ratelimit --help' for all flags")
+		return ExitUsage
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(stdout)
+			return ExitOK
+		}
+		return bad("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected argument %q", fs.Arg(0))
+	}
+	if cfg.Store == "" {
+		return bad("--store is required, e.g. --store redis://127.0.0.1:6379")
+	}
+	if _, err := storeurl.RedisOption(cfg.Store); err != nil {
+		return bad("%s", strings.TrimPrefix(err.Error(), "storeurl: "))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	acc.Store, acc.Duration, acc.Workers = cfg.Store, cfg.Duration, cfg.Workers
+	if (accuracy || child) && !set["workers"] {
+		acc.Workers = 1
+	}
+
+	if child {
+		if err := runChild(ctx, acc, key, os.Stdin, stdout); err != nil {
+			fmt.Fprintf(stderr, "llmgate bench ratelimit (worker): %v\n", err)
+			return ExitFail
+		}
+		return ExitOK
+	}
+	if accuracy {
+		for _, f := range []string{"limits", "settle", "shared-client", "max-ops", "hold", "ping"} {
+			if set[f] {
+				return bad("--%s does not apply to --accuracy", f)
+			}
+		}
+		if err := acc.Validate(); err != nil {
+			return bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
+		}
+	} else {
+		for _, f := range []string{"procs", "rate", "burst", "algo", "wait"} {
+			if set[f] {
+				return bad("--%s applies to --accuracy only", f)
+			}
+		}
+		if err := cfg.Validate(); err != nil {
+			return bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
+		}
+	}
+
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
+			return ExitFail
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
+			return ExitFail
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	var out any
+	code := ExitOK
+	if accuracy {
+		res, err := Accuracy(ctx, acc, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
+			return ExitFail
+		}
+		out = res
+		if res.Over > 0 {
+			fmt.Fprintf(stderr, "llmgate bench ratelimit: FAIL: %d admissions above the ideal %.2f\n", res.Over, res.Ideal)
+			code = ExitFail
+		}
+		if !jsonOut {
+			printAccuracy(stdout, res)
+		}
+	} else {
+		res, err := Run(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
+			return ExitFail
+		}
+		out = res
+		if res.Interrupted {
+			fmt.Fprintln(stderr, "llmgate bench ratelimit: interrupted; the figures cover the time until then")
+		}
+		if !jsonOut {
+			printResult(stdout, res)
+		}
+	}
+	if jsonOut {
+		if err := json.NewEncoder(stdout).Encode(out); err != nil {
+			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
+			return ExitFail
+		}
+	}
+	return code
+}
+
+func printResult(w io.Writer, r *Result) {
+	fmt.Fprintf(w, "rate limiter on %s: %d workers (shared client %v), %d limits per decision, settle %v, %.2fs\n",
+		r.Store, r.Workers, r.SharedClient, r.Limits, r.Settle, r.DurationS)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(p *Phase) {
+		fmt.Fprintf(tw, "%s (%d limits)\t%.0f decisions/s\tp50 %.1fus\tp99 %.1fus\t%.2f round trips\t%.1f cmds, %.1fus in the server\t(%d admitted, %d denied, %d errors)\n",
+			p.Algo, p.Limits, p.DecisionsPerSec, p.P50Us, p.P99Us, p.RoundTripsPerDecision, p.ServerCommandsPerDecision, p.ServerUsPerDecision, p.Admitted, p.Denied, p.Errors)
+	}
+	row(&r.Phase)
+	if r.Baseline != nil {
+		row(r.Baseline)
+	}
+	fmt.Fprintf(tw, "PING p50\t%.1fus\t\n", r.PingP50Us)
+	if r.Baseline != nil {
+		fmt.Fprintf(tw, "ratio\t%.3f\t(llmgate with %d limits / GCRA with 1)\n", r.RatioVsBaseline, r.Limits)
+	}
+	tw.Flush()
+	if r.FirstError != "" {
+		fmt.Fprintf(w, "first error: %s\n", r.FirstError)
+	}
+}
+
+func printAccuracy(w io.Writer, r *AccuracyResult) {
+	mode := "Allow"
+	if r.Wait {
+		mode = "Wait"
+	}
+	fmt.Fprintf(w, "accuracy of %s (%s) on %s: %d processes x %d workers, %d/s, burst %d, %.2fs\n",
+		r.Algo, mode, r.Store, r.Procs, r.Workers, r.Rate, r.Burst, r.DurationS)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "admitted\t%d\t(per process %v)\n", r.Admitted, r.PerProcess)
+	fmt.Fprintf(tw, "ideal\t%.2f\t(burst + rate x duration)\n", r.Ideal)
+	fmt.Fprintf(tw, "accuracy\t%.2f%%\t\n", r.AccuracyPct)
+	fmt.Fprintf(tw, "over\t%d\t\n", r.Over)
+	fmt.Fprintf(tw, "attempts / errors\t%d / %d\t%s\n", r.Attempts, r.Errors, r.FirstError)
+	tw.Flush()
+}

@@ -1,0 +1,169 @@
+package ratebench_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/llmgate/llmgate/internal/ratebench"
+	"github.com/llmgate/llmgate/internal/testutil"
+)
+
+// TestMain lets the test binary stand in for the llmgate binary: an
+// accuracy run re-executes "<binary> bench ratelimit <worker flags>".
+func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == "bench" && os.Args[2] == "ratelimit" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := ratebench.Main(ctx, os.Args[3:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+func runMain(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code := ratebench.Main(ctx, args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func decode(t *testing.T, out string, fields ...string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	dec := json.NewDecoder(strings.NewReader(out))
+	if err := dec.Decode(&m); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, out)
+	}
+	if dec.More() {
+		t.Fatalf("stdout has more than one JSON value:\n%s", out)
+	}
+	for _, f := range fields {
+		if _, ok := m[f]; !ok {
+			t.Errorf("JSON lacks %q: %s", f, out)
+		}
+	}
+	return m
+}
+
+// TestThroughputSmoke: a short run prints the figures the issue asks for,
+// with one round trip per decision for three limits in one slot, and the
+// GCRA baseline measured in the same run.
+func TestThroughputSmoke(t *testing.T) {
+	r := testutil.StartRedis(t)
+	for _, tc := range []struct {
+		name       string
+		args       []string
+		roundTrips float64
+	}{
+		{"3 limits", nil, 1},
+		{"1 limit shared client", []string{"--limits", "1", "--shared-client"}, 1},
+		{"settle", []string{"--settle"}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--store", r.URL(), "--workers", "4", "--duration", "300ms", "--ping", "50", "--json"}, tc.args...)
+			code, out, errOut := runMain(t, args...)
+			if code != 0 {
+				t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+			}
+			m := decode(t, out, "decisions_per_sec", "p50_us", "p99_us", "ping_p50_us", "round_trips_per_decision", "baseline", "ratio_vs_baseline", "workers")
+			if m["decisions"].(float64) < 1 || m["decisions_per_sec"].(float64) <= 0 {
+				t.Errorf("no decisions: %s", out)
+			}
+			if m["errors"].(float64) != 0 || m["denied"].(float64) != 0 {
+				t.Errorf("errors or refusals: %s", out)
+			}
+			if rt := m["round_trips_per_decision"].(float64); rt != tc.roundTrips {
+				t.Errorf("round_trips_per_decision = %v, want %v", rt, tc.roundTrips)
+			}
+			if s := m["server_scripts_per_decision"].(float64); s != tc.roundTrips {
+				t.Errorf("server_scripts_per_decision = %v, want %v", s, tc.roundTrips)
+			}
+			b := m["baseline"].(map[string]any)
+			if b["algo"] != "gcra" || b["decisions_per_sec"].(float64) <= 0 || b["round_trips_per_decision"].(float64) != 1 {
+				t.Errorf("baseline = %v", b)
+			}
+			if m["ratio_vs_baseline"].(float64) <= 0 {
+				t.Errorf("no ratio: %s", out)
+			}
+		})
+	}
+	// The table prints too.
+	code, out, errOut := runMain(t, "--store", r.URL(), "--workers", "2", "--duration", "100ms", "--ping", "10", "--baseline=false")
+	if code != 0 || !strings.Contains(out, "decisions/s") || !strings.Contains(out, "PING p50") {
+		t.Fatalf("table run: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// TestAccuracySmoke: worker processes (this binary, re-executed) share one
+// limit; the result is never over the ideal and close to it.
+func TestAccuracySmoke(t *testing.T) {
+	r := testutil.StartRedis(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		min  float64
+	}{
+		{"llmgate allow", nil, 97},
+		{"llmgate wait", []string{"--wait", "--workers", "2"}, 97},
+		{"gcra", []string{"--algo", "gcra"}, 97},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--store", r.URL(), "--accuracy", "--procs", "2", "--rate", "200", "--duration", "1s", "--json"}, tc.args...)
+			code, out, errOut := runMain(t, args...)
+			if code != 0 {
+				t.Fatalf("exit %d, stdout:\n%s\nstderr:\n%s", code, out, errOut)
+			}
+			m := decode(t, out, "admitted", "ideal", "over", "accuracy_pct", "per_process")
+			if m["over"].(float64) != 0 {
+				t.Fatalf("over = %v: %s", m["over"], out)
+			}
+			if m["errors"].(float64) != 0 {
+				t.Fatalf("errors: %s", out)
+			}
+			if pct := m["accuracy_pct"].(float64); pct < tc.min || pct > 100 {
+				t.Fatalf("accuracy %.2f%%, want between %v and 100: %s", pct, tc.min, out)
+			}
+			if pp := m["per_process"].([]any); len(pp) != 2 {
+				t.Fatalf("per_process = %v", pp)
+			}
+		})
+	}
+}
+
+// TestUsage: bad flags exit 2 with a message; --help lists the flags but
+// not the hidden worker ones.
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--store is required"},
+		{[]string{"--store", "memory"}, "inside one process"},
+		{[]string{"--store", "redis://x:1", "--workers", "0"}, "--workers"},
+		{[]string{"--store", "redis://x:1", "--limits", "4"}, "--limits"},
+		{[]string{"--store", "redis://x:1", "--rate", "5"}, "--accuracy only"},
+		{[]string{"--store", "redis://x:1", "--accuracy", "--settle"}, "does not apply"},
+		{[]string{"--store", "redis://x:1", "--accuracy", "--algo", "x"}, "--algo"},
+		{[]string{"--store", "redis://x:1", "--accuracy", "--algo", "gcra", "--wait"}, "--wait"},
+		{[]string{"--store", "redis://x:1", "extra"}, "unexpected argument"},
+		{[]string{"--nope"}, "not defined"},
+	} {
+		code, _, errOut := runMain(t, tc.args...)
+		if code != ratebench.ExitUsage || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 mentioning %q", tc.args, code, errOut, tc.want)
+		}
+	}
+	code, out, _ := runMain(t, "--help")
+	if code != 0 || !strings.Contains(out, "--accuracy") || strings.Contains(out, "accuracy-child") {
+		t.Fatalf("--help: exit %d\n%s", code, out)
+	}
+}
