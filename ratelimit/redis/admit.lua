@@ -10,10 +10,10 @@ local B, mode, id, raw = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local S = new_state(B)
 
 -- Admitted earlier by another caller's walk (the wake-up may still be in flight)?
-local prev = redis.call('HMGET', B .. ':r:' .. id, 'd', 'st')
-if prev[1] and prev[2] == '0' then
+local st, _, prev = reservation(S, id)
+if st == '0' then
   redis.call('DEL', B .. ':n:' .. id)
-  return {1, prev[1]}
+  return {1, prev}
 end
 
 local spec = cjson.decode(raw)

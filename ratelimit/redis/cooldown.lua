@@ -7,11 +7,15 @@
 -- Returns the cooldown left, in ms.
 local B, scope, d = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local S = new_state(B)
-local key = B .. ':cd:' .. scope
+local key = B .. ':cd'
 local want = S.now_us + d * 1000
-local cur = tonumber(redis.call('GET', key) or '0')
+local cur = tonumber(redis.call('HGET', key, scope) or '0')
 if cur >= want then
   return math.ceil((cur - S.now_us) / 1000)
 end
-redis.call('SET', key, string.format('%d', want), 'PX', d)
+redis.call('HSET', key, scope, string.format('%d', want))
+-- The hash lives as long as its longest cooldown.
+if redis.call('PTTL', key) < d then
+  redis.call('PEXPIRE', key, d)
+end
 return d

@@ -6,11 +6,10 @@
 -- Returns 1 extended, 0 unknown or already settled.
 local B, id, hold = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local S = new_state(B)
-local rk = B .. ':r:' .. id
-local r = redis.call('HMGET', rk, 's', 'st')
-if not r[1] or r[2] == '1' then return 0 end
-redis.call('PEXPIRE', rk, hold)
-local spec = cjson.decode(r[1])
+local st, raw = reservation(S, id)
+if st ~= '0' then return 0 end
+redis.call('PEXPIRE', B .. ':r:' .. id, hold)
+local spec = cjson.decode(raw)
 for _, c in ipairs(spec.c) do
   if c[1] == 'c' then
     local key = B .. ':c:' .. c[2]

@@ -1,13 +1,13 @@
 -- lib.lua: functions shared by the limiter's scripts; prepended to each.
 --
 -- Every key lives under B = KEYS[1] = "<prefix>{<group>}", one Cluster slot:
---   B:b:<scope>:<r|t>:<window_us>  hash  rate bucket: l = level (units), t = last update (µs)
+--   B:b:<scope>:<r|t>:<window_us>  string  rate bucket "level updated_us"; expires once full
 --   B:c:<scope>        zset  concurrency permits: member = reservation id, score = expiry (ms)
---   B:cd:<scope>       string cooldown end (µs), PX = its length
+--   B:cd               hash  scope -> cooldown end (µs); the hash expires with the longest
 --   B:q:<lane>         zset  waiters: member = request id, score = priority * 1e13 + arrival seq
 --   B:ql:<lane>        zset  waiters' leases: member = request id, score = expiry (ms)
 --   B:e:<id>           string a queued request's spec (JSON)
---   B:r:<id>           hash  reservation: s = spec, st = 0 held / 1 settled, d = decision
+--   B:r:<id>           string reservation "state\nspec\ndecision", state 0 held / 1 settled
 --   B:n:<id>           list  wake-up of a waiter: its decision is pushed here
 --   B:bl:<scope>       set   lanes whose waiters are blocked on scope
 --   B:h:<lane>         hash  waiter id -> when it was last told it would fit (µs)
@@ -36,21 +36,62 @@ local function limit_id(c)
   return c[1] .. ':' .. string.format('%d', c[4]) .. ':' .. c[2]
 end
 
-local function bucket(S, c)
-  local key = S.B .. ':b:' .. c[2] .. ':' .. c[1] .. ':' .. string.format('%d', c[4])
-  local b = S.buckets[key]
-  if b then return b end
+local function bucket_key(S, c)
+  return S.B .. ':b:' .. c[2] .. ':' .. c[1] .. ':' .. string.format('%d', c[4])
+end
+
+local function new_bucket(S, c, key, v)
   local rate = c[3] / c[4] -- units per µs
   local burst = c[5]
   local level = burst
-  local v = redis.call('HMGET', key, 'l', 't')
-  if v[1] then
-    level = tonumber(v[1]) + (S.now_us - tonumber(v[2])) * rate
-    if level > burst then level = burst end
+  if v then
+    local l, t = string.match(v, '^(%S+) (%d+)$')
+    if l then
+      level = tonumber(l) + (S.now_us - tonumber(t)) * rate
+      if level > burst then level = burst end
+    end
   end
-  b = {key = key, level = level, rate = rate, burst = burst, dirty = false}
+  local b = {key = key, level = level, rate = rate, burst = burst, dirty = false}
   S.buckets[key] = b
   return b
+end
+
+-- prefetch reads, in one call each, every bucket and cooldown of spec that
+-- this run has not read yet.
+local function prefetch(S, spec)
+  local keys, charges, scopes, seen = {}, {}, {}, {}
+  for _, c in ipairs(spec.c) do
+    if c[1] ~= 'c' then
+      local key = bucket_key(S, c)
+      if not S.buckets[key] and not charges[key] then
+        keys[#keys + 1] = key
+        charges[key] = c
+      end
+    end
+    if S.cooldowns[c[2]] == nil and not seen[c[2]] then
+      seen[c[2]] = true
+      scopes[#scopes + 1] = c[2]
+    end
+  end
+  if #keys > 0 then
+    local vals = redis.call('MGET', unpack(keys))
+    for i, key in ipairs(keys) do
+      new_bucket(S, charges[key], key, vals[i])
+    end
+  end
+  if #scopes > 0 then
+    local ends = redis.call('HMGET', S.B .. ':cd', unpack(scopes))
+    for i, scope in ipairs(scopes) do
+      S.cooldowns[scope] = tonumber(ends[i] or '0')
+    end
+  end
+end
+
+local function bucket(S, c)
+  local key = bucket_key(S, c)
+  local b = S.buckets[key]
+  if b then return b end
+  return new_bucket(S, c, key, redis.call('GET', key))
 end
 
 local function permits(S, c)
@@ -66,7 +107,7 @@ end
 local function cooldown_end(S, scope)
   local v = S.cooldowns[scope]
   if v == nil then
-    v = tonumber(redis.call('GET', S.B .. ':cd:' .. scope) or '0')
+    v = tonumber(redis.call('HGET', S.B .. ':cd', scope) or '0')
     S.cooldowns[scope] = v
   end
   return v
@@ -77,6 +118,7 @@ end
 -- on a limit. Returns ok, wait_us (-1 = unknown), first refusing index, and
 -- the list of refusing charges.
 local function evaluate(S, spec, blocked)
+  prefetch(S, spec)
   local ok, wait, first, refused = true, 0, 0, {}
   for i, c in ipairs(spec.c) do
     local w = nil
@@ -152,8 +194,8 @@ end
 local function flush(S)
   for _, b in pairs(S.buckets) do
     if b.dirty then
-      redis.call('HSET', b.key, 'l', string.format('%.17g', b.level), 't', string.format('%d', S.now_us))
-      redis.call('PEXPIRE', b.key, math.ceil((b.burst - b.level) / b.rate / 1000) + 1000)
+      redis.call('SET', b.key, string.format('%.17g %d', b.level, S.now_us),
+        'PX', math.ceil((b.burst - b.level) / b.rate / 1000) + 1000)
       b.dirty = false
     end
   end
@@ -165,9 +207,14 @@ local function flush(S)
 end
 
 local function reserve(S, id, raw, spec, d)
-  local rk = S.B .. ':r:' .. id
-  redis.call('HSET', rk, 's', raw, 'st', '0', 'd', d)
-  redis.call('PEXPIRE', rk, spec.h)
+  redis.call('SET', S.B .. ':r:' .. id, '0\n' .. raw .. '\n' .. d, 'PX', spec.h)
+end
+
+-- reservation returns state, spec (raw) and decision of reservation id.
+local function reservation(S, id)
+  local v = redis.call('GET', S.B .. ':r:' .. id)
+  if not v then return nil end
+  return string.match(v, '^(%d)\n(.*)\n([^\n]*)$')
 end
 
 local function dequeue(S, lane, id)
@@ -241,10 +288,10 @@ end
 -- Returns 0 unknown reservation, 1 settled, 2 already settled.
 local function settle(S, id, actual)
   local rk = S.B .. ':r:' .. id
-  local r = redis.call('HMGET', rk, 's', 'st')
-  if not r[1] then return 0 end
-  if r[2] == '1' then return 2 end
-  local spec = cjson.decode(r[1])
+  local st, raw, d = reservation(S, id)
+  if not st then return 0 end
+  if st == '1' then return 2 end
+  local spec = cjson.decode(raw)
   local lanes, seen = {spec.l}, {[spec.l] = true}
   for i, c in ipairs(spec.c) do
     if c[1] == 'c' then
@@ -267,7 +314,7 @@ local function settle(S, id, actual)
       end
     end
   end
-  redis.call('HSET', rk, 'st', '1')
+  redis.call('SET', rk, '1\n' .. raw .. '\n' .. d, 'KEEPTTL')
   for _, lane in ipairs(lanes) do
     walk(S, lane, nil)
   end
