@@ -7,15 +7,11 @@
 -- Returns the cooldown left, in ms.
 local B, scope, d = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local S = new_state(B)
-local key = B .. ':cd'
+local key, field = B .. ':s', 'cd:' .. scope
 local want = S.now_us + d * 1000
-local cur = tonumber(redis.call('HGET', key, scope) or '0')
+local cur = tonumber(redis.call('HGET', key, field) or '0')
 if cur >= want then
   return math.ceil((cur - S.now_us) / 1000)
 end
-redis.call('HSET', key, scope, string.format('%d', want))
--- The hash lives as long as its longest cooldown.
-if redis.call('PTTL', key) < d then
-  redis.call('PEXPIRE', key, d)
-end
+redis.call('HSET', key, field, string.format('%d', want))
 return d

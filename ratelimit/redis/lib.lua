@@ -1,9 +1,12 @@
 -- lib.lua: functions shared by the limiter's scripts; prepended to each.
 --
 -- Every key lives under B = KEYS[1] = "<prefix>{<group>}", one Cluster slot:
---   B:b:<scope>:<r|t>:<window_us>  string  rate bucket "level updated_us"; expires once full
+--   B:s                hash  shared state, read and written in one call per decision:
+--                            b:<scope>:<r|t>:<window_us> -> rate bucket "level updated_us"
+--                            cd:<scope> -> cooldown end (µs)
+--                      A bucket's stored level only matters until it has refilled; a stale
+--                      field reads as a full bucket. Fields number one per configured limit.
 --   B:c:<scope>        zset  concurrency permits: member = reservation id, score = expiry (ms)
---   B:cd               hash  scope -> cooldown end (µs); the hash expires with the longest
 --   B:q:<lane>         zset  waiters: member = request id, score = priority * 1e13 + arrival seq
 --   B:ql:<lane>        zset  waiters' leases: member = request id, score = expiry (ms)
 --   B:e:<id>           string a queued request's spec (JSON)
@@ -37,7 +40,7 @@ local function limit_id(c)
 end
 
 local function bucket_key(S, c)
-  return S.B .. ':b:' .. c[2] .. ':' .. c[1] .. ':' .. string.format('%d', c[4])
+  return 'b:' .. c[2] .. ':' .. c[1] .. ':' .. string.format('%d', c[4])
 end
 
 local function new_bucket(S, c, key, v)
@@ -56,33 +59,31 @@ local function new_bucket(S, c, key, v)
   return b
 end
 
--- prefetch reads, in one call each, every bucket and cooldown of spec that
--- this run has not read yet.
+-- prefetch reads, in one call, every bucket and cooldown of spec that this
+-- run has not read yet.
 local function prefetch(S, spec)
-  local keys, charges, scopes, seen = {}, {}, {}, {}
+  local fields, what = {}, {}
   for _, c in ipairs(spec.c) do
     if c[1] ~= 'c' then
       local key = bucket_key(S, c)
-      if not S.buckets[key] and not charges[key] then
-        keys[#keys + 1] = key
-        charges[key] = c
+      if not S.buckets[key] and not what[key] then
+        fields[#fields + 1] = key
+        what[key] = c
       end
     end
-    if S.cooldowns[c[2]] == nil and not seen[c[2]] then
-      seen[c[2]] = true
-      scopes[#scopes + 1] = c[2]
+    if S.cooldowns[c[2]] == nil and not what['cd:' .. c[2]] then
+      fields[#fields + 1] = 'cd:' .. c[2]
+      what['cd:' .. c[2]] = c[2]
     end
   end
-  if #keys > 0 then
-    local vals = redis.call('MGET', unpack(keys))
-    for i, key in ipairs(keys) do
-      new_bucket(S, charges[key], key, vals[i])
-    end
-  end
-  if #scopes > 0 then
-    local ends = redis.call('HMGET', S.B .. ':cd', unpack(scopes))
-    for i, scope in ipairs(scopes) do
-      S.cooldowns[scope] = tonumber(ends[i] or '0')
+  if #fields == 0 then return end
+  local vals = redis.call('HMGET', S.B .. ':s', unpack(fields))
+  for i, f in ipairs(fields) do
+    local x = what[f]
+    if type(x) == 'string' then
+      S.cooldowns[x] = tonumber(vals[i] or '0')
+    else
+      new_bucket(S, x, f, vals[i])
     end
   end
 end
@@ -91,7 +92,7 @@ local function bucket(S, c)
   local key = bucket_key(S, c)
   local b = S.buckets[key]
   if b then return b end
-  return new_bucket(S, c, key, redis.call('GET', key))
+  return new_bucket(S, c, key, redis.call('HGET', S.B .. ':s', key))
 end
 
 local function permits(S, c)
@@ -107,7 +108,7 @@ end
 local function cooldown_end(S, scope)
   local v = S.cooldowns[scope]
   if v == nil then
-    v = tonumber(redis.call('HGET', S.B .. ':cd', scope) or '0')
+    v = tonumber(redis.call('HGET', S.B .. ':s', 'cd:' .. scope) or '0')
     S.cooldowns[scope] = v
   end
   return v
@@ -189,15 +190,18 @@ local function decision(S, spec, ok, wait, first)
   return table.concat(out, ' ')
 end
 
--- flush writes back the buckets this run changed. An idle bucket refills
--- to full and then needs no key: it expires once full.
+-- flush writes back, in one call, the buckets this run changed.
 local function flush(S)
+  local args = {}
   for _, b in pairs(S.buckets) do
     if b.dirty then
-      redis.call('SET', b.key, string.format('%.17g %d', b.level, S.now_us),
-        'PX', math.ceil((b.burst - b.level) / b.rate / 1000) + 1000)
+      args[#args + 1] = b.key
+      args[#args + 1] = string.format('%.17g %d', b.level, S.now_us)
       b.dirty = false
     end
+  end
+  if #args > 0 then
+    redis.call('HSET', S.B .. ':s', unpack(args))
   end
   for _, p in pairs(S.permits) do
     if p.hold > 0 and redis.call('PTTL', p.key) < p.hold + 1000 then
