@@ -5,13 +5,15 @@
 // A lock named K lives in keys sharing the hash tag {K}, so every script
 // touches one Cluster slot:
 //
-//	<prefix>{K}     "owner:expires_ms:fence:granted_us:grant_ms" while held,
-//	                "-:0:fence:0:0" once released; the key lives 7 days
+//	<prefix>{K}     "owner:expires_ms:waiters:fence:granted_us:grant_ms" while
+//	                held, "-:0:waiters:fence:0:0" once released; the key lives
+//	                7 days; waiters is 1 while the queue may be non-empty
 //	<prefix>{K}:q   zset: waiters in arrival order
 //	<prefix>{K}:l   zset: each waiter's lease (its place expires unless renewed)
 //
 // The lease is the expires_ms field (server time), not the key's TTL, so the
-// last fence survives every release and expiry.
+// last fence survives every release and expiry. An uncontended acquire or
+// release reads and writes this one key only (three redis.calls each).
 //
 // Acquire runs acquire.lua: it takes a free lock or queues the caller, who
 // then waits for a wake-up. Release runs release.lua, which makes the first

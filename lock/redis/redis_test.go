@@ -159,8 +159,8 @@ func lockState(t *testing.T, c rueidis.Client, key string) (owner string, leftMS
 		return "", 0
 	}
 	parts := strings.Split(v, ":")
-	if len(parts) != 5 {
-		t.Fatalf("GET %s = %q, want owner:expires_ms:fence:granted_us:grant_ms", key, v)
+	if len(parts) != 6 {
+		t.Fatalf("GET %s = %q, want owner:expires_ms:waiters:fence:granted_us:grant_ms", key, v)
 	}
 	tm, err := c.Do(t.Context(), c.B().Time().Build()).AsStrSlice()
 	if err != nil || len(tm) != 2 {

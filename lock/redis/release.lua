@@ -26,7 +26,7 @@ local v = redis.call('GET', L)
 if not v then
   return {0}
 end
-local o, e, f = string.match(v, '^([^:]+):(%d+):(%d+):')
+local o, e, w, f = string.match(v, '^([^:]+):(%d+):(%d):(%d+):')
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now_ms = math.floor(now_us / 1000)
@@ -36,29 +36,36 @@ end
 local fence = tonumber(f) + 1
 if fence < now_us then fence = now_us end
 
--- The first live queued waiter, evicting dead ones.
-local head = redis.call('ZRANGE', q, 0, 0, 'WITHSCORES')
-while head[1] and tonumber(redis.call('ZSCORE', l, head[1]) or '0') <= now_ms do
-  redis.call('ZREM', q, head[1])
-  redis.call('ZREM', l, head[1])
-  head = redis.call('ZRANGE', q, 0, 0, 'WITHSCORES')
+-- The first live queued waiter (evicting dead ones), and whether another follows.
+local head = {}
+if w == '1' then
+  head = redis.call('ZRANGE', q, 0, 1, 'WITHSCORES')
+  while head[1] and tonumber(redis.call('ZSCORE', l, head[1]) or '0') <= now_ms do
+    redis.call('ZREM', q, head[1])
+    redis.call('ZREM', l, head[1])
+    head = redis.call('ZRANGE', q, 0, 1, 'WITHSCORES')
+  end
 end
 
 if ARGV[4] ~= '' and (not head[1] or now_us - tonumber(head[2]) < tonumber(ARGV[6])) then
   local ttl = tonumber(ARGV[5])
-  redis.call('SET', L, string.format('%s:%d:%d:%d:%d', ARGV[4], now_ms + ttl, fence, now_us, ttl), 'PX', 604800000)
+  local queued = '0'
+  if head[1] then queued = '1' end
+  redis.call('SET', L, string.format('%s:%d:%s:%d:%d:%d', ARGV[4], now_ms + ttl, queued, fence, now_us, ttl), 'PX', 604800000)
   return {3, fence, now_us}
 end
 
 if head[1] then
   redis.call('ZREM', q, head[1])
   redis.call('ZREM', l, head[1])
+  local more = '0'
+  if head[3] then more = '1' end
   local next_token, grant_ms, channel = string.match(head[1], '^([^:]+):(%d+):(.*)$')
   local grant = string.format('%d:%d:%s', fence, now_us, grant_ms)
-  redis.call('SET', L, string.format('%s:%d:%s', next_token, now_ms + tonumber(grant_ms), grant), 'PX', 604800000)
+  redis.call('SET', L, string.format('%s:%d:%s:%s', next_token, now_ms + tonumber(grant_ms), more, grant), 'PX', 604800000)
   redis.call('PUBLISH', ARGV[3] .. channel, next_token .. ' ' .. grant)
   return {2}
 end
 -- Keep the last fence: the next holder's must be larger.
-redis.call('SET', L, '-:0:' .. f .. ':0:0', 'PX', 604800000)
+redis.call('SET', L, '-:0:0:' .. f .. ':0:0', 'PX', 604800000)
 return {1}
