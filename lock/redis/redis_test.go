@@ -1,13 +1,10 @@
 package redis_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -37,7 +34,6 @@ const (
 	envFences = "LLMGATE_LOCK_HELPER_FENCE" // fences file (count mode)
 	envRounds = "LLMGATE_LOCK_HELPER_N"     // increments (count mode)
 
-	helperPrefix = "HELPER "
 )
 
 const defaultPrefix = "llmgate:lock:"
@@ -179,81 +175,11 @@ func lockState(t *testing.T, c rueidis.Client, key string) (owner string, leftMS
 // ---------------------------------------------------------------------------
 // Helper process
 
-// helper is a child process: the test binary re-executed in one of the
-// modes of TestHelperProcess.
-type helper struct {
-	cmd   *exec.Cmd
-	lines chan string // lines the child printed with helperPrefix
-	wait  chan error  // the child's exit
-}
-
-// startHelper runs the test binary as a helper process with env added.
-func startHelper(t *testing.T, ctx context.Context, env ...string) *helper {
+// startHelper runs the test binary as a child process in one of the modes
+// of TestHelperProcess, with env added.
+func startHelper(t *testing.T, ctx context.Context, env ...string) *testutil.Child {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start helper process: %v", err)
-	}
-	h := &helper{cmd: cmd, lines: make(chan string, 100), wait: make(chan error, 1)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if line, ok := strings.CutPrefix(sc.Text(), helperPrefix); ok {
-				h.lines <- line
-			}
-		}
-		close(h.lines)
-		_, _ = io.Copy(io.Discard, out)
-		h.wait <- cmd.Wait()
-	}()
-	t.Cleanup(h.kill)
-	return h
-}
-
-// line waits for the child's next protocol line.
-func (h *helper) line(t *testing.T, d time.Duration) string {
-	t.Helper()
-	select {
-	case l, ok := <-h.lines:
-		if !ok {
-			t.Fatalf("helper process exited without the expected line")
-		}
-		return l
-	case <-time.After(d):
-		t.Fatalf("helper process printed nothing within %v", d)
-		return ""
-	}
-}
-
-// kill sends SIGKILL and waits until the process is gone.
-func (h *helper) kill() {
-	_ = h.cmd.Process.Kill()
-	for range h.lines {
-	}
-	select {
-	case err := <-h.wait:
-		h.wait <- err
-	case <-time.After(10 * time.Second):
-	}
-}
-
-// exited waits for the child to exit on its own and returns its exit error.
-func (h *helper) exited(t *testing.T, d time.Duration) error {
-	t.Helper()
-	select {
-	case err := <-h.wait:
-		h.wait <- err // for kill, at cleanup
-		return err
-	case <-time.After(d):
-		t.Fatalf("helper process did not exit within %v", d)
-		return nil
-	}
+	return testutil.StartChild(t, ctx, "TestHelperProcess", env...)
 }
 
 // TestHelperProcess is not a test: it is the body of the child processes
@@ -300,15 +226,15 @@ func TestHelperProcess(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryAcquire: %v", err)
 		}
-		fmt.Printf("%sheld %d %d\n", helperPrefix, lease.Fence, before.UnixNano())
+		testutil.Say("held %d %d", lease.Fence, before.UnixNano())
 		<-ctx.Done() // until killed
 	case "wait":
-		fmt.Printf("%swaiting\n", helperPrefix)
+		testutil.Say("waiting")
 		lease, err := l.Acquire(ctx, key, opts)
 		if err != nil {
 			t.Fatalf("Acquire: %v", err)
 		}
-		fmt.Printf("%sacquired %d\n", helperPrefix, lease.Fence)
+		testutil.Say("acquired %d", lease.Fence)
 		<-ctx.Done() // until killed
 	default:
 		t.Fatalf("unknown helper mode %q", mode)
@@ -369,7 +295,7 @@ func TestMutualExclusionAcrossProcesses(t *testing.T) {
 			}
 			opts := lock.Options{TTL: 10 * time.Second, Fair: fair}
 
-			var children []*helper
+			var children []*testutil.Child
 			for range procs {
 				children = append(children, startHelper(t, ctx,
 					envMode+"=count", envAddr+"="+r.Addr, envKey+"="+key,
@@ -397,7 +323,7 @@ func TestMutualExclusionAcrossProcesses(t *testing.T) {
 				t.Error(err)
 			}
 			for i, c := range children {
-				if err := c.exited(t, 60*time.Second); err != nil {
+				if err := c.Exited(t, 60*time.Second); err != nil {
 					t.Errorf("child %d: %v", i, err)
 				}
 			}
@@ -547,12 +473,12 @@ func TestCrashedHolderTakenOverAtExpiry(t *testing.T) {
 	child := startHelper(t, ctx, envMode+"=hold", envAddr+"="+r.Addr, envKey+"="+key, envTTL+"="+ttl.String())
 	var childFence uint64
 	var childStartNS int64
-	line := child.line(t, 30*time.Second)
+	line := child.Line(t, 30*time.Second)
 	if _, err := fmt.Sscanf(line, "held %d %d", &childFence, &childStartNS); err != nil {
 		t.Fatalf("helper said %q: %v", line, err)
 	}
 	heldBy := time.Now() // the child's lease started before this
-	child.kill()
+	child.Kill()
 
 	w := receive(t, acquireAsync(ctx, newLocker(t, r), key, lock.Options{TTL: 5 * time.Second}), 10*time.Second, "waiter")
 	defer func() { _ = w.lease.Release(ctx) }()
@@ -689,13 +615,13 @@ func TestKilledWaiterDoesNotStallQueue(t *testing.T) {
 	}
 	child := startHelper(t, ctx, envMode+"=wait", envAddr+"="+r.Addr, envKey+"="+key, envFair+"=true",
 		envTTL+"="+opts.TTL.String(), envWL+"="+waiterLease.String())
-	if line := child.line(t, 30*time.Second); line != "waiting" {
+	if line := child.Line(t, 30*time.Second); line != "waiting" {
 		t.Fatalf("helper said %q", line)
 	}
 	waitWaiters(t, ctx, holder, key, 1)
 	ch := acquireAsync(ctx, newLocker(t, r), key, opts)
 	waitWaiters(t, ctx, holder, key, 2)
-	child.kill()
+	child.Kill()
 
 	// Release at once: the dead waiter's place has not expired yet, so the
 	// lock is handed to it first.

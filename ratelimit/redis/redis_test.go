@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -194,7 +192,6 @@ const (
 	envAddr = "LLMGATE_RL_HELPER_ADDR" // redis host:port
 	envCfg  = "LLMGATE_RL_HELPER_CFG"  // JSON helperCfg
 
-	helperPrefix = "HELPER "
 )
 
 // helperCfg configures a helper process.
@@ -207,74 +204,13 @@ type helperCfg struct {
 	Hammer      hammerCfg     `json:"hammer"`
 }
 
-type helper struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
-	wait  chan error
-}
-
-func startHelper(t *testing.T, ctx context.Context, r *testutil.Redis, mode string, cfg helperCfg) *helper {
+func startHelper(t *testing.T, ctx context.Context, r *testutil.Redis, mode string, cfg helperCfg) *testutil.Child {
 	t.Helper()
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), envMode+"="+mode, envAddr+"="+r.Addr, envCfg+"="+string(raw))
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start helper process: %v", err)
-	}
-	h := &helper{cmd: cmd, stdin: stdin, lines: make(chan string, 100), wait: make(chan error, 1)}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if line, ok := strings.CutPrefix(sc.Text(), helperPrefix); ok {
-				h.lines <- line
-			}
-		}
-		close(h.lines)
-		_, _ = io.Copy(io.Discard, out)
-		h.wait <- cmd.Wait()
-	}()
-	t.Cleanup(h.kill)
-	return h
-}
-
-// line waits for the child's next protocol line.
-func (h *helper) line(t *testing.T, d time.Duration) string {
-	t.Helper()
-	select {
-	case l, ok := <-h.lines:
-		if !ok {
-			t.Fatalf("helper process exited without the expected line")
-		}
-		return l
-	case <-time.After(d):
-		t.Fatalf("helper process printed nothing within %v", d)
-		return ""
-	}
-}
-
-// kill sends SIGKILL and waits until the process is gone.
-func (h *helper) kill() {
-	_ = h.cmd.Process.Kill()
-	for range h.lines {
-	}
-	select {
-	case err := <-h.wait:
-		h.wait <- err
-	case <-time.After(10 * time.Second):
-	}
+	return testutil.StartChild(t, ctx, "TestHelperProcess", envMode+"="+mode, envAddr+"="+r.Addr, envCfg+"="+string(raw))
 }
 
 // TestHelperProcess is not a test: it is the body of the child processes
@@ -300,7 +236,7 @@ func TestHelperProcess(t *testing.T) {
 		opts = append(opts, ratelimit.WithWaiterLease(cfg.WaiterLease))
 	}
 	l := ratelimit.New(redis.New(c, redis.Config{}), opts...)
-	say := func(format string, a ...any) { fmt.Printf(helperPrefix+format+"\n", a...) }
+	say := testutil.Say
 	switch mode {
 	case "hammer":
 		say("ready")
@@ -515,12 +451,12 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 				MaxCost: tc.maxCost, Wait: tc.wait, Workers: tc.workers,
 			}
 			const procs, local = 2, 2
-			var children []*helper
+			var children []*testutil.Child
 			for range procs {
 				children = append(children, startHelper(t, ctx, r, "hammer", helperCfg{Hammer: cfg}))
 			}
 			for i, c := range children {
-				if line := c.line(t, 30*time.Second); line != "ready" {
+				if line := c.Line(t, 30*time.Second); line != "ready" {
 					t.Fatalf("child %d said %q", i, line)
 				}
 			}
@@ -528,7 +464,7 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 			start := time.Now().Add(100 * time.Millisecond)
 			end := start.Add(runFor)
 			for i, c := range children {
-				if _, err := fmt.Fprintf(c.stdin, "go %d %d\n", start.UnixNano(), end.UnixNano()); err != nil {
+				if _, err := fmt.Fprintf(c.Stdin, "go %d %d\n", start.UnixNano(), end.UnixNano()); err != nil {
 					t.Fatalf("child %d: %v", i, err)
 				}
 			}
@@ -540,7 +476,7 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 			}
 			wg.Wait()
 			for i, c := range children {
-				line := c.line(t, 30*time.Second)
+				line := c.Line(t, 30*time.Second)
 				raw, ok := strings.CutPrefix(line, "result ")
 				if !ok {
 					t.Fatalf("child %d said %q", i, line)
@@ -588,13 +524,13 @@ func TestKilledHolderPermitFreedAfterHold(t *testing.T) {
 	const hold = 500 * time.Millisecond
 	child := startHelper(t, ctx, r, "hold", helperCfg{Scope: scope, Hold: hold})
 	var startNS int64
-	if line := child.line(t, 30*time.Second); !strings.HasPrefix(line, "held ") {
+	if line := child.Line(t, 30*time.Second); !strings.HasPrefix(line, "held ") {
 		t.Fatalf("helper said %q", line)
 	} else if _, err := fmt.Sscanf(line, "held %d", &startNS); err != nil {
 		t.Fatal(err)
 	}
 	heldBy := time.Now()
-	child.kill()
+	child.Kill()
 	l := newLimiter(t, r)
 	if time.Since(heldBy) < hold/2 {
 		mustDeny(t, ctx, l, one(scope, conc(1), 1), "permit of the killed holder, within its hold")
@@ -642,13 +578,13 @@ func TestKilledWaiterDoesNotPin(t *testing.T) {
 			h := mustAllow(t, ctx, holder, one(scope, conc(1), 1), "holder")
 			deadID := "dead-" + randHex()
 			child := startHelper(t, ctx, r, "wait", helperCfg{Scope: scope, Hold: tc.deadHold, WaiterLease: tc.waiterLease, ID: deadID})
-			if line := child.line(t, 30*time.Second); line != "waiting" {
+			if line := child.Line(t, 30*time.Second); line != "waiting" {
 				t.Fatalf("helper said %q", line)
 			}
 			waitLane(t, r, scope, 1)
 			ch := waitAsync(ctx, live, one(scope, conc(1), 1))
 			waitLane(t, r, scope, 2)
-			child.kill()
+			child.Kill()
 			time.Sleep(tc.settleAfter) // let the dead waiter's place expire, or not
 			start := time.Now()
 			if err := holder.Settle(ctx, h.ID, []int64{1}); err != nil {
@@ -689,10 +625,10 @@ func TestKilledReserverDoesNotPin(t *testing.T) {
 	const hold, n = 300 * time.Millisecond, 1000
 	id := "reserver-" + randHex()
 	child := startHelper(t, ctx, r, "reserve", helperCfg{Scope: scope, Hold: hold, ID: id, Cost: n})
-	if line := child.line(t, 30*time.Second); !strings.HasPrefix(line, "reserved ") {
+	if line := child.Line(t, 30*time.Second); !strings.HasPrefix(line, "reserved ") {
 		t.Fatalf("helper said %q", line)
 	}
-	child.kill()
+	child.Kill()
 	l := newLimiter(t, r)
 	lim := ratelimit.Limit{Kind: ratelimit.Tokens, Limit: n, Window: time.Second}
 	d := mustAllow(t, ctx, l, one(scope, lim, 0), "probe right after the kill")
@@ -745,7 +681,7 @@ func TestCooldownAcrossClients(t *testing.T) {
 	}
 	// Another process sees it and cannot shorten it either.
 	child := startHelper(t, ctx, r, "probe", helperCfg{Scope: scope})
-	line := child.line(t, 30*time.Second)
+	line := child.Line(t, 30*time.Second)
 	var allowed bool
 	var retryNS, leftNS int64
 	var by string
