@@ -149,6 +149,11 @@ const MaxAmount = 1<<53 - 1
 // permit unreleased) before it is dropped as abandoned.
 const DefaultHold = time.Minute
 
+// MaxDefer bounds how far ahead of its tokens Wait lets a request be
+// admitted. It is short so that a batch request admitted ahead never holds
+// back an interactive one that arrives after it for long.
+const MaxDefer = 50 * time.Millisecond
+
 // DefaultWaiterLease is how long a queued waiter's place survives without
 // renewal; waiters renew every third of it while they wait.
 const DefaultWaiterLease = 3 * time.Second
@@ -167,6 +172,11 @@ type Request struct {
 	// Hold bounds how long the reservation and its concurrency permits live
 	// without Settle or Refund. Default DefaultHold.
 	Hold time.Duration
+	// Defer lets the request be admitted up to this long before its tokens
+	// exist, with Decision.Delay saying when to start. Wait sets it (to at
+	// most MaxDefer, within its deadline) so that the latency of waking a
+	// waiter costs no capacity; Allow leaves it 0.
+	Defer time.Duration
 }
 
 // Status is the state of one charged limit after a decision.
@@ -194,6 +204,10 @@ type Decision struct {
 	DeniedBy string
 	// DeniedKind is the kind of that limit.
 	DeniedKind Kind
+	// Delay, when allowed, is how long to hold off before starting: the
+	// request was admitted ahead of its tokens (see Request.Defer). Wait
+	// has already slept it.
+	Delay time.Duration
 	// Limits has one status per charge, in the request's order.
 	Limits []Status
 	// Degraded is set when the store could not be reached and the request
@@ -294,6 +308,9 @@ func normalize(r Request) (*Request, error) {
 	}
 	if r.Hold <= 0 {
 		r.Hold = DefaultHold
+	}
+	if r.Defer < 0 {
+		r.Defer = 0
 	}
 	if r.Hold < time.Millisecond {
 		return nil, fmt.Errorf("%w: hold %v below 1ms", ErrInvalid, r.Hold)
@@ -425,6 +442,10 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
+	r.Defer = MaxDefer
+	if dl, ok := ctx.Deadline(); ok {
+		r.Defer = max(min(r.Defer, time.Until(dl)), 0)
+	}
 	renew := l.waiterLease / 3
 	first := true
 	var last Decision
@@ -450,8 +471,7 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 			if !first {
 				l.waited.Add(1)
 			}
-			l.count(d)
-			return d, nil
+			return l.startAdmitted(ctx, r, d)
 		}
 		if first {
 			last = d
@@ -471,8 +491,7 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 			d, admitted, err = l.b.Await(ctx, r, max(time.Until(wake), time.Millisecond))
 			if admitted && err == nil {
 				l.waited.Add(1)
-				l.count(d)
-				return d, nil
+				return l.startAdmitted(ctx, r, d)
 			}
 			if ctx.Err() != nil {
 				return l.giveUp(ctx, r, last)
@@ -487,6 +506,23 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 			hint = d.RetryAfter // a walk told us when we will fit
 		}
 	}
+}
+
+// startAdmitted returns an admission to Wait's caller once its delay (if it was
+// admitted ahead of its tokens) has passed; if ctx ends first, the
+// reservation is refunded.
+func (l *Limiter) startAdmitted(ctx context.Context, r *Request, d Decision) (Decision, error) {
+	if d.Delay > 0 {
+		if err := sleepCtx(ctx, d.Delay); err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = l.b.Settle(rctx, r.ID, nil)
+			l.denied.Add(1)
+			return Decision{ID: r.ID}, fmt.Errorf("%w: %w", ErrLimited, err)
+		}
+	}
+	l.count(d)
+	return d, nil
 }
 
 func (l *Limiter) giveUp(ctx context.Context, r *Request, last Decision) (Decision, error) {

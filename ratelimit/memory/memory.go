@@ -127,18 +127,20 @@ func (b *Backend) permitsLocked(scope string, now time.Time) map[string]time.Tim
 func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[string]bool, now time.Time) (ok bool, wait time.Duration, first int, refused []ratelimit.Charge) {
 	ok = true
 	unknown := false
+	deferable := true // refused only for tokens not there yet
 	first = -1
 	for i, c := range r.Charges {
 		var w time.Duration
 		deny, wUnknown := false, false
 		if end, has := b.cooldowns[c.Scope]; has && end.After(now) {
-			deny, w = true, end.Sub(now)
+			deny, w, deferable = true, end.Sub(now), false
 		}
 		if blocked[limitID(c)] {
-			deny, wUnknown = true, true
+			deny, wUnknown, deferable = true, true, false
 		}
 		if c.Limit.Kind == ratelimit.Concurrency {
 			if p := b.permitsLocked(c.Scope, now); int64(len(p))+1 > c.Limit.Limit {
+				deferable = false
 				// Full: at the latest, a slot frees when the earliest permit
 				// that must go expires (a release frees one sooner).
 				exp := make([]time.Time, 0, len(p))
@@ -172,6 +174,10 @@ func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[string]bool, 
 	if ok || unknown {
 		wait = 0
 	}
+	if !ok && deferable && !unknown && wait <= r.Defer {
+		// Admit now, to start when the tokens exist (see lib.lua).
+		return true, wait, -1, nil
+	}
 	return ok, wait, first, refused
 }
 
@@ -187,6 +193,9 @@ func (b *Backend) chargeLocked(r *ratelimit.Request, now time.Time) {
 
 func (b *Backend) decisionLocked(r *ratelimit.Request, ok bool, wait time.Duration, first int, now time.Time) ratelimit.Decision {
 	d := ratelimit.Decision{ID: r.ID, Allowed: ok, Limits: make([]ratelimit.Status, len(r.Charges))}
+	if ok {
+		d.Delay = wait
+	}
 	for i, c := range r.Charges {
 		st := ratelimit.Status{Scope: c.Scope, Kind: c.Limit.Kind, Limit: c.Limit.Limit}
 		if c.Limit.Kind == ratelimit.Concurrency {
@@ -293,7 +302,7 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 		ok, wait, first, refused := b.evaluateLocked(e.r, blocked, now)
 		if ok {
 			b.chargeLocked(e.r, now)
-			d := b.decisionLocked(e.r, true, 0, -1, now)
+			d := b.decisionLocked(e.r, true, wait, -1, now)
 			l.entries = append(l.entries[:i], l.entries[i+1:]...)
 			b.reserveLocked(e.r, d, now)
 			if e.r.ID == self {
@@ -350,7 +359,7 @@ func (b *Backend) admit(r *ratelimit.Request, queue bool, lease time.Duration) (
 		ok, wait, first, _ := b.evaluateLocked(r, nil, now)
 		if ok {
 			b.chargeLocked(r, now)
-			d := b.decisionLocked(r, true, 0, -1, now)
+			d := b.decisionLocked(r, true, wait, -1, now)
 			b.reserveLocked(r, d, now)
 			return d, true, nil
 		}

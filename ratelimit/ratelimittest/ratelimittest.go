@@ -88,6 +88,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) ratelimit.Backend) {
 		{"ConcurrencyExtendKeepsPermit", s.testPermitExtend},
 		{"WaitWokenBySettle", s.testWaitWokenBySettle},
 		{"WaitWokenByRefill", s.testWaitWokenByRefill},
+		{"WaitDefersAdmissionToItsTokens", s.testWaitDefers},
 		{"WaitWokenByPermitExpiry", s.testWaitWokenByPermitExpiry},
 		{"SettleWakesEveryBlockedLane", s.testSettleWakesEveryLane},
 		{"WaitArrivalOrder", s.testWaitArrivalOrder},
@@ -1751,4 +1752,71 @@ func (s *suite) testInvalid(t *testing.T) {
 	}
 	wantRemaining(t, ctx, c, S, rpm(10), 9, 9, "after invalid requests")
 	mustRefund(t, ctx, c, d.ID)
+}
+
+// testWaitDefers: with a bucket of one, a waiter may be admitted up to
+// MaxDefer before its token exists and starts exactly when it does, so the
+// latency of waking it costs no capacity: a run of Waits keeps the exact
+// rate. Allow is never deferred, nothing is admitted beyond the bucket, and
+// a waiter whose context ends while it holds off is refunded.
+func (s *suite) testWaitDefers(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	c := s.client(t)
+	A := newScope(t, "A")
+	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 40, Window: time.Second, Burst: 1} // one per 25ms
+	period := rateP(lim)
+	if period > ratelimit.MaxDefer {
+		t.Fatalf("test limit refills every %v, beyond MaxDefer %v", period, ratelimit.MaxDefer)
+	}
+
+	took := time.Now()
+	mustAllow(t, ctx, c, one(A, lim, 1), "the one token")
+	d := mustDeny(t, ctx, c, one(A, lim, 1), "Allow with the bucket empty")
+	if d.Delay != 0 || d.RetryAfter <= 0 || d.RetryAfter > period {
+		t.Fatalf("refused Allow: Delay %v, RetryAfter %v; want no delay and a retry within %v", d.Delay, d.RetryAfter, period)
+	}
+	// The next token is less than MaxDefer away: Wait is admitted at once,
+	// told to hold off, and returns when the token exists.
+	if w, err := c.Wait(ctx, one(A, lim, 1)); err != nil || !w.Allowed {
+		t.Fatalf("Wait = %+v, %v", w, err)
+	}
+	if back := time.Since(took); back < period-3*time.Millisecond {
+		t.Fatalf("Wait returned %v after the bucket was emptied, before its token existed (one per %v)", back, period)
+	}
+	mustDeny(t, ctx, c, one(A, lim, 1), "Allow right after the deferred admission")
+
+	// A run of Waits keeps the rate: n admissions take about n periods.
+	const n = 20
+	runStart := time.Now()
+	deferred := 0
+	for i := range n {
+		w, err := c.Wait(ctx, one(A, lim, 1))
+		if err != nil || !w.Allowed {
+			t.Fatalf("wait %d: %+v, %v", i, w, err)
+		}
+		if w.Delay > 0 {
+			deferred++
+		}
+	}
+	run := time.Since(runStart)
+	if deferred < n/2 {
+		t.Fatalf("only %d of %d Waits were admitted ahead of their token; the rest paid the wake-up latency", deferred, n)
+	}
+	if least := time.Duration(n-1) * period; run < least-5*time.Millisecond {
+		t.Fatalf("%d Waits took %v: faster than one per %v, over the limit", n, run, period)
+	}
+	if most := time.Duration(n+1)*period + 200*time.Millisecond; run > most {
+		t.Fatalf("%d Waits took %v, want about %v: wake-up latency wastes capacity", n, run, time.Duration(n)*period)
+	}
+	t.Logf("%d Waits at one per %v took %v", n, period, run)
+
+	// A waiter cancelled while it holds off gives its token back.
+	cctx, cancel := context.WithCancel(ctx)
+	stop := time.AfterFunc(period/3, cancel)
+	defer stop.Stop()
+	if w, err := c.Wait(cctx, one(A, lim, 1)); !errors.Is(err, ratelimit.ErrLimited) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait cancelled while holding off = %+v, %v; want ErrLimited and Canceled", w, err)
+	}
+	time.Sleep(period + 5*time.Millisecond) // let the token accrue: time itself is the subject
+	mustAllow(t, ctx, c, one(A, lim, 1), "Allow after the cancelled waiter's refund")
 }

@@ -25,7 +25,7 @@ if redis.call('EXISTS', q) == 0 then
   local ok, wait, first = evaluate(S, spec, {})
   if ok then
     charge(S, spec, id)
-    local d = decision(S, spec, true, 0, 0)
+    local d = decision(S, spec, true, wait, 0)
     reserve(S, id, raw, spec, d)
     flush(S)
     return {1, d}

@@ -15,10 +15,13 @@
 --   B:bl:<scope>       set   lanes whose waiters are blocked on scope
 --   B:h:<lane>         hash  waiter id -> when it was last told it would fit (µs)
 --   B:seq              string arrival sequence
--- A spec is {"c": [[kind, scope, limit, window_us, burst, cost], ...], "h": hold_ms, "l": lane}
--- with kind "r" (requests), "t" (tokens) or "c" (concurrency).
+-- A spec is {"c": [[kind, scope, limit, window_us, burst, cost], ...], "h": hold_ms,
+-- "l": lane, "x": defer_us} with kind "r" (requests), "t" (tokens) or "c"
+-- (concurrency); defer_us is how far ahead of its tokens the request may be
+-- admitted (it is then told to start later).
 -- A decision is the string "a w d r1 s1 r2 s2 ..." of integers: admitted (1|0),
--- wait_us (-1 unknown), index of the first refusing charge (0 none), then per
+-- wait_us (when refused: -1 unknown; when admitted: how long to hold off before
+-- starting, for a deferred admission), index of the first refusing charge (0 none), then per
 -- charge remaining and reset_ms. Integers, not JSON: cjson would print large
 -- numbers with 14 significant digits. A wake-up list carries the waiter's
 -- decision when it is admitted, or a hint "0 wait_us d" when it became the
@@ -121,14 +124,16 @@ end
 local function evaluate(S, spec, blocked)
   prefetch(S, spec)
   local ok, wait, first, refused = true, 0, 0, {}
+  local deferable = true -- refused only for tokens not there yet
   for i, c in ipairs(spec.c) do
     local w = nil
     local cd = cooldown_end(S, c[2])
-    if cd > S.now_us then w = cd - S.now_us end
-    if blocked[limit_id(c)] then w = -1 end
+    if cd > S.now_us then w, deferable = cd - S.now_us, false end
+    if blocked[limit_id(c)] then w, deferable = -1, false end
     if c[1] == 'c' then
       local p = permits(S, c)
       if p.count + 1 > p.limit then
+        deferable = false
         -- Full: at the latest, a slot frees when the earliest permit that
         -- must go expires (a release frees one sooner, and wakes us).
         if p.free_at == nil then
@@ -153,6 +158,12 @@ local function evaluate(S, spec, blocked)
     end
   end
   if ok then wait = 0 end
+  if not ok and deferable and wait >= 0 and wait <= (spec.x or 0) then
+    -- Admit now, to start when the tokens exist: the bucket goes below
+    -- zero by what it lends, so the schedule stays exact and wake-up
+    -- latency costs no capacity.
+    return true, math.ceil(wait), 0, {}
+  end
   return ok, math.ceil(wait), first, refused
 end
 
@@ -258,7 +269,7 @@ local function walk(S, lane, self)
       local ok, wait, first, refused = evaluate(S, spec, blocked)
       if ok then
         charge(S, spec, id)
-        local d = decision(S, spec, true, 0, 0)
+        local d = decision(S, spec, true, wait, 0)
         dequeue(S, lane, id)
         reserve(S, id, raw, spec, d)
         if id == self then

@@ -83,10 +83,11 @@ type spec struct {
 	C [][]any `json:"c"` // [kind, scope, limit, window_us, burst, cost]
 	H int64   `json:"h"` // hold ms
 	L string  `json:"l"` // lane
+	X int64   `json:"x"` // defer µs
 }
 
 func encodeSpec(r *ratelimit.Request) (string, error) {
-	s := spec{H: max(r.Hold.Milliseconds(), 1), L: r.Lane, C: make([][]any, len(r.Charges))}
+	s := spec{H: max(r.Hold.Milliseconds(), 1), L: r.Lane, X: max(r.Defer.Microseconds(), 0), C: make([][]any, len(r.Charges))}
 	for i, c := range r.Charges {
 		kind := "c"
 		switch c.Limit.Kind {
@@ -126,7 +127,9 @@ func decode(r *ratelimit.Request, raw string) (ratelimit.Decision, error) {
 			}
 		}
 	}
-	if !d.Allowed {
+	if d.Allowed {
+		d.Delay = duration(n[1], time.Microsecond)
+	} else {
 		d.RetryAfter = duration(n[1], time.Microsecond)
 		if n[2] >= 1 && n[2] <= int64(len(r.Charges)) {
 			d.DeniedBy = r.Charges[n[2]-1].Scope
