@@ -29,16 +29,8 @@ func TestConformance(t *testing.T) {
 // holding every slot: the server refuses (CROSSSLOT) any script whose keys
 // are in different slots, so this proves the key layout is Cluster-safe.
 func TestConformanceCluster(t *testing.T) {
-	busPort, err := testutil.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := testutil.StartRedisArgs(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-port", strconv.Itoa(busPort))
+	r := testutil.StartCluster(t)
 	ctx := t.Context()
-	if line, err := r.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil || line != "+OK" {
-		t.Fatalf("CLUSTER ADDSLOTSRANGE: %q, %v", line, err)
-	}
 	// The server must refuse a cross-slot script, or this test proves nothing.
 	if line, _ := r.Do(ctx, "EVAL", "return 1", "2", "{a}x", "{b}x"); !strings.HasPrefix(line, "-CROSSSLOT") {
 		t.Fatalf("a cross-slot EVAL answered %q, want a CROSSSLOT error", line)
@@ -50,19 +42,6 @@ func TestConformanceCluster(t *testing.T) {
 		}
 		t.Cleanup(c.Close)
 		return c
-	}
-	// Wait, bounded, until the node reports the cluster up.
-	c := newClient(t)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, err := c.Do(ctx, c.B().ClusterInfo().Build()).ToString()
-		if err == nil && strings.Contains(info, "cluster_state:ok") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("cluster not ok after 10s: %q, %v", info, err)
-		}
-		time.Sleep(10 * time.Millisecond) // an external process: nothing to wait on
 	}
 	budgettest.Run(t, func(t *testing.T, _ clock.Clock) func() budget.Backend {
 		return func() budget.Backend { return redis.New(newClient(t), redis.Config{}) }

@@ -206,3 +206,40 @@ func FreePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// StartCluster starts a one-node Redis Cluster holding every slot and waits
+// until it reports itself up. The node refuses (CROSSSLOT) any script whose
+// keys hash to different slots, which is what Cluster-safety tests need.
+func StartCluster(tb testing.TB) *Redis {
+	tb.Helper()
+	busPort, err := FreePort()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r := StartRedisArgs(tb, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-port", strconv.Itoa(busPort))
+	ctx := context.Background()
+	if line, err := r.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil || line != "+OK" {
+		tb.Fatalf("CLUSTER ADDSLOTSRANGE: %q, %v", line, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if info, err := r.clusterInfo(ctx); err == nil && strings.Contains(info, "cluster_state:ok") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("cluster on %s not ok after 10s", r.Addr)
+		}
+		time.Sleep(10 * time.Millisecond) // an external process: nothing to wait on
+	}
+}
+
+// clusterInfo returns CLUSTER INFO's text.
+func (r *Redis) clusterInfo(ctx context.Context) (string, error) {
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true, ForceSingleClient: true})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	return c.Do(ctx, c.B().ClusterInfo().Build()).ToString()
+}

@@ -902,3 +902,21 @@ func TestBusyProcessCannotStarveOthers(t *testing.T) {
 		t.Errorf("the other process waited up to %v while one process kept passing the lock to itself", worst)
 	}
 }
+
+// TestConformanceCluster runs the conformance suite on a one-node Redis
+// Cluster, whose server refuses any script touching keys of two slots: the
+// key layout and the wake-up subscription must work on Cluster clients.
+func TestConformanceCluster(t *testing.T) {
+	r := testutil.StartCluster(t)
+	locktest.Run(t, func(t *testing.T) lock.Backend {
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
+		if err != nil {
+			t.Fatalf("cluster client: %v", err)
+		}
+		t.Cleanup(c.Close)
+		if c.Mode() != rueidis.ClientModeCluster {
+			t.Fatalf("client mode %v, want cluster", c.Mode())
+		}
+		return redis.New(c, redis.Config{})
+	})
+}

@@ -1,0 +1,82 @@
+package storeurl
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+func TestRedact(t *testing.T) {
+	for _, tc := range []struct{ in, secret, want string }{
+		{"redis://:s3cret@127.0.0.1:6379/0", "s3cret", "redis://xxxxx@127.0.0.1:6379/0"},
+		{"redis://user:s3cret@host:6379", "s3cret", "redis://xxxxx@host:6379"},
+		{"redis://tok3n@host:6379", "tok3n", "redis://xxxxx@host:6379"},
+		{"rediss://:p%40ss@host", "p@ss", "rediss://xxxxx@host"},
+		{"redis://127.0.0.1:6379", "", "redis://127.0.0.1:6379"},
+		{"::not a url:s3cret@x", "s3cret", ""},
+	} {
+		got := Redact(tc.in)
+		if tc.secret != "" && strings.Contains(got, tc.secret) {
+			t.Errorf("Redact(%q) = %q leaks %q", tc.in, got, tc.secret)
+		}
+		if tc.want != "" && got != tc.want {
+			t.Errorf("Redact(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestRedisOption(t *testing.T) {
+	if _, err := RedisOption("memory"); !errors.Is(err, ErrMemory) {
+		t.Errorf("memory: %v, want ErrMemory", err)
+	}
+	for _, bad := range []string{"", "http://x", "redis://:s3cret@[::1", "redis://host:notaport"} {
+		_, err := RedisOption(bad)
+		if !errors.Is(err, ErrBadURL) {
+			t.Errorf("RedisOption(%q) = %v, want ErrBadURL", bad, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("RedisOption(%q) error leaks the password: %v", bad, err)
+		}
+	}
+	opt, err := RedisOption("redis://:pw@127.0.0.1:6390/2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opt.InitAddress) != 1 || opt.InitAddress[0] != "127.0.0.1:6390" || opt.SelectDB != 2 || opt.Password != "pw" || !opt.DisableCache {
+		t.Errorf("options = %+v", opt)
+	}
+}
+
+func TestOpenRedisUnreachableNeverShowsThePassword(t *testing.T) {
+	// Port 1 on loopback: nothing listens there.
+	_, err := OpenRedis("redis://someone:s3cret@127.0.0.1:1")
+	if err == nil {
+		t.Fatal("connected to port 1")
+	}
+	if strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "someone") {
+		t.Errorf("error shows the credentials: %v", err)
+	}
+}
+
+// FuzzRedact: whatever the input, a password or user part that url.Parse
+// finds never appears in the redacted text, and nothing panics.
+func FuzzRedact(f *testing.F) {
+	for _, s := range []string{"redis://:s3cret@h:1", "redis://u:p@h", "rediss://tok@h/0", "x@y", "redis://h", "%zz@", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got := Redact(s)
+		u, err := url.Parse(s)
+		if err != nil || u.User == nil {
+			return
+		}
+		if p, ok := u.User.Password(); ok && len(p) >= 4 && strings.Contains(got, p) && !strings.Contains(strings.ReplaceAll(s, p, ""), p) {
+			t.Fatalf("Redact(%q) = %q shows the password %q", s, got, p)
+		}
+		if n := u.User.Username(); len(n) >= 4 && strings.Contains(got, n) && !strings.Contains(u.Host+u.Path+u.RawQuery+u.Fragment, n) {
+			t.Fatalf("Redact(%q) = %q shows the user part %q", s, got, n)
+		}
+		_, _ = RedisOption(s)
+	})
+}
