@@ -1,0 +1,60 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/llmgate/llmgate/ratelimit"
+	"github.com/llmgate/llmgate/ratelimit/memory"
+)
+
+// A request checked against a deployment's RPM and TPM and its tenant's
+// RPM at once, then settled with the tokens the provider really used.
+func ExampleLimiter_Allow() {
+	ctx := context.Background()
+	l := ratelimit.New(memory.New(nil))
+	rpm := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 500, Window: time.Minute}
+	tpm := ratelimit.Limit{Kind: ratelimit.Tokens, Limit: 10_000, Window: time.Minute}
+	tenantRPM := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 2, Window: time.Minute}
+	req := func() ratelimit.Request {
+		return ratelimit.Request{Charges: []ratelimit.Charge{
+			{Scope: "deployment:key1/gpt-4.1", Limit: rpm},
+			{Scope: "deployment:key1/gpt-4.1", Limit: tpm, Cost: 4_000}, // prompt + max_tokens
+			{Scope: "tenant:team-a", Limit: tenantRPM},
+		}}
+	}
+
+	d, _ := l.Allow(ctx, req())
+	fmt.Println("first:", d.Allowed, "tokens left:", d.Limits[1].Remaining)
+	_ = l.Settle(ctx, d.ID, []int64{1, 1_500, 1}) // it used 1,500 tokens, not 4,000
+
+	d, _ = l.Allow(ctx, req())
+	fmt.Println("second:", d.Allowed)
+
+	d, _ = l.Allow(ctx, req())
+	fmt.Println("third:", d.Allowed, "denied by:", d.DeniedBy, "retry in about a minute:", d.RetryAfter > 29*time.Second)
+	// Output:
+	// first: true tokens left: 6000
+	// second: true
+	// third: false denied by: tenant:team-a retry in about a minute: true
+}
+
+// Wait queues instead of failing, up to the context's deadline.
+func ExampleLimiter_Wait() {
+	l := ratelimit.New(memory.New(nil))
+	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 1, Window: time.Hour}
+	req := ratelimit.Request{Charges: []ratelimit.Charge{{Scope: "deployment:slow", Limit: lim}}}
+
+	d, err := l.Wait(context.Background(), req)
+	fmt.Println("first:", d.Allowed, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err = l.Wait(ctx, req)
+	fmt.Println("second gave up:", errors.Is(err, ratelimit.ErrLimited), errors.Is(err, context.DeadlineExceeded))
+	// Output:
+	// first: true <nil>
+	// second gave up: true true
+}
