@@ -72,7 +72,8 @@ type Config struct {
 	Prefix string
 }
 
-// Backend is a lock.Backend on Redis standalone, Sentinel or Cluster.
+// Backend is a lock.Backend on Redis or Valkey 7+, standalone or Cluster
+// (Sentinel through rueidis, not tested yet).
 type Backend struct {
 	c       rueidis.Client
 	prefix  string
@@ -82,8 +83,10 @@ type Backend struct {
 	gates   map[string]*gate
 	waiters map[string]chan string // token -> grant published for it
 
-	subOnce  sync.Once
-	subReady chan struct{} // closed once the wake-up channel is subscribed
+	subOnce   sync.Once
+	subReady  chan struct{} // closed once the wake-up channel is subscribed
+	subFailed chan struct{} // closed if the server refuses the subscription; see subErr
+	subErr    error         // why it refused; set before subFailed is closed
 }
 
 var (
@@ -98,16 +101,18 @@ func New(c rueidis.Client, cfg Config) *Backend {
 		cfg.Prefix = DefaultPrefix
 	}
 	return &Backend{
-		c:        c,
-		prefix:   cfg.Prefix,
-		channel:  lock.NewToken(),
-		gates:    make(map[string]*gate),
-		waiters:  make(map[string]chan string),
-		subReady: make(chan struct{}),
+		c:         c,
+		prefix:    cfg.Prefix,
+		channel:   lock.NewToken(),
+		gates:     make(map[string]*gate),
+		waiters:   make(map[string]chan string),
+		subReady:  make(chan struct{}),
+		subFailed: make(chan struct{}),
 	}
 }
 
-// Key returns the Redis key holding key's owner token.
+// Key returns the Redis key of the lock named key (its value is described
+// in the package documentation).
 func (b *Backend) Key(key string) string { return b.prefix + "{" + key + "}" }
 
 // channelPrefix starts every wake-up channel of this prefix.
@@ -131,6 +136,14 @@ func (b *Backend) subscribe() {
 			},
 		})
 		err := dc.Do(context.Background(), dc.B().Subscribe().Channel(channel).Build()).Error()
+		if _, refused := rueidis.IsRedisErr(err); refused {
+			// The server says no (an ACL without Pub/Sub, say): waiting
+			// cannot work, so Acquire reports it instead of hanging.
+			release()
+			b.subErr = fmt.Errorf("lock: redis: cannot subscribe to wake-ups on %q: %w", channel, err)
+			close(b.subFailed)
+			return
+		}
 		if err == nil {
 			backoff = 10 * time.Millisecond
 			err = <-closed // until the connection breaks or the client closes
@@ -179,6 +192,8 @@ func (b *Backend) ready(ctx context.Context) error {
 	select {
 	case <-b.subReady:
 		return nil
+	case <-b.subFailed:
+		return b.subErr
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -273,7 +288,10 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 		defer leave()
 	}
 	if err := b.ready(ctx); err != nil {
-		return lock.Grant{}, errors.Join(lock.ErrNotObtained, err)
+		if ctx.Err() != nil {
+			return lock.Grant{}, errors.Join(lock.ErrNotObtained, err)
+		}
+		return lock.Grant{}, err
 	}
 	wake := make(chan string, 1)
 	b.mu.Lock()

@@ -920,3 +920,37 @@ func TestConformanceCluster(t *testing.T) {
 		return redis.New(c, redis.Config{})
 	})
 }
+
+// TestAcquireWithoutPubSubPermission: on a server whose ACL forbids Pub/Sub
+// a blocking Acquire cannot be woken; it must say so at once, not hang until
+// its deadline. TryAcquire needs no subscription and still works.
+func TestAcquireWithoutPubSubPermission(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ctx := testCtx(t, 30*time.Second)
+	if line, err := r.Do(ctx, "ACL", "SETUSER", "nopubsub", "on", ">pw", "~*", "&*", "+@all", "-@pubsub"); err != nil || line != "+OK" {
+		t.Fatalf("ACL SETUSER: %q, %v", line, err)
+	}
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, Username: "nopubsub", Password: "pw", DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	l := lock.New(redis.New(c, redis.Config{}))
+	lease, err := l.TryAcquire(ctx, newKey(t), lock.Options{})
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	_ = lease.Release(ctx)
+
+	start := time.Now()
+	_, err = l.Acquire(ctx, newKey(t), lock.Options{})
+	if err == nil || !strings.Contains(err.Error(), "subscribe") {
+		t.Fatalf("Acquire without Pub/Sub permission = %v, want an error about the subscription", err)
+	}
+	if errors.Is(err, lock.ErrNotObtained) {
+		t.Errorf("Acquire error %v wraps ErrNotObtained; it is a setup problem, not contention", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Acquire took %v to report it", d)
+	}
+}
