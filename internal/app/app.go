@@ -34,6 +34,7 @@ Usage:
 Commands:
   lock      run a command while holding a distributed lock (flock across machines)
   bench     measure the coordination store ('llmgate bench lock --help')
+  mock      run the built-in simulated OpenAI-compatible provider
   serve     run the OpenAI-compatible gateway (not built yet)
   version   print the llmgate and Go versions
   help      show help for a command
@@ -99,6 +100,8 @@ func (a *App) Run(args []string) int {
 		return a.lock(rest)
 	case "bench":
 		return a.bench(rest)
+	case "mock":
+		return a.mock(rest)
 	case "serve":
 		fmt.Fprintln(a.Stderr, "llmgate serve: the gateway is not built yet (see issue 4); try 'llmgate lock --help'")
 		return exitUsage
@@ -118,6 +121,8 @@ func (a *App) help(args []string) int {
 		fmt.Fprint(a.Stdout, lockUsageText)
 	case "bench":
 		fmt.Fprint(a.Stdout, benchUsageText)
+	case "mock":
+		fmt.Fprint(a.Stdout, mockUsageText)
 	case "version":
 		fmt.Fprintln(a.Stdout, "Usage: llmgate version\n\nPrints the llmgate module version, VCS revision when known, and the Go version it was built with.")
 	case "serve":

@@ -1,0 +1,60 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+// FuzzRequestBody sends arbitrary bodies to the chat and embeddings
+// endpoints: the server must never panic, and every answer is either a
+// well-formed success or an error in OpenAI's shape.
+func FuzzRequestBody(f *testing.F) {
+	for _, seed := range []string{
+		chatBody("hello", ""),
+		chatBody("hello", `,"stream":true,"stream_options":{"include_usage":true},"max_tokens":3`),
+		chatBody("hello", `,"max_tokens":9223372036854775807`),
+		chatBody("hello", `,"max_completion_tokens":-1,"n":1`),
+		`{"model":"gpt-4.1","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url"}]},{"role":"assistant","content":null,"tool_calls":[{"id":"x"}]}]}`,
+		`{"model":"gpt-4.1","messages":[{"role":"user","content":{"a":1}}]}`,
+		`{"model":"text-embedding-3-small","input":["a","b"],"dimensions":3,"encoding_format":"base64"}`,
+		`{"model":"text-embedding-3-small","input":[[1,2],[3]]}`,
+		`{"model":"text-embedding-3-small","input":[1,-2,3e30]}`,
+		`{"model":"text-embedding-3-small","input":""}`,
+		`{"model":`, `null`, `[]`, `"x"`, ``, "\xff\xfe", `{"model":"gpt-4.1","messages":null}`,
+	} {
+		f.Add(uint8(0), []byte(seed))
+		f.Add(uint8(1), []byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		s, err := New(Config{TPM: 2000, EmbeddingDimensions: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := "/v1/chat/completions"
+		if which%2 == 1 {
+			path = "/v1/embeddings"
+		}
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
+		out := rec.Body.Bytes()
+		switch rec.Code {
+		case http.StatusOK:
+			if rec.Header().Get("Content-Type") == "text/event-stream; charset=utf-8" {
+				if !bytes.HasSuffix(out, []byte("data: [DONE]\n\n")) {
+					t.Fatalf("stream without [DONE]: %q", out)
+				}
+				return
+			}
+			if !json.Valid(out) {
+				t.Fatalf("200 with invalid JSON: %q", out)
+			}
+		case http.StatusBadRequest, http.StatusNotFound, http.StatusTooManyRequests:
+			openAIError(t, out)
+		default:
+			t.Fatalf("status %d for %q: %s", rec.Code, body, out)
+		}
+	})
+}
