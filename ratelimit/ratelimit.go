@@ -81,18 +81,6 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
 
-// letter is the kind's one-letter code in store keys and scripts.
-func (k Kind) letter() string {
-	switch k {
-	case Requests:
-		return "r"
-	case Tokens:
-		return "t"
-	default:
-		return "c"
-	}
-}
-
 // Limit is one quota.
 type Limit struct {
 	Kind Kind

@@ -243,3 +243,21 @@ func (r *Redis) clusterInfo(ctx context.Context) (string, error) {
 	defer c.Close()
 	return c.Do(ctx, c.B().ClusterInfo().Build()).ToString()
 }
+
+// Int sends one command on a fresh connection and parses its integer reply,
+// failing the test otherwise.
+func (r *Redis) Int(tb testing.TB, args ...string) int64 {
+	tb.Helper()
+	line, err := r.Do(context.Background(), args...)
+	if err != nil {
+		tb.Fatalf("%v: %v", args, err)
+	}
+	if !strings.HasPrefix(line, ":") {
+		tb.Fatalf("%v: reply %q, want an integer", args, line)
+	}
+	n, err := strconv.ParseInt(line[1:], 10, 64)
+	if err != nil {
+		tb.Fatalf("%v: reply %q: %v", args, line, err)
+	}
+	return n
+}

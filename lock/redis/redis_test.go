@@ -116,23 +116,6 @@ func waitWaiters(t *testing.T, ctx context.Context, l *lock.Locker, key string, 
 	}
 }
 
-// redisInt sends one command from outside and parses an integer reply.
-func redisInt(t *testing.T, r *testutil.Redis, args ...string) int64 {
-	t.Helper()
-	line, err := r.Do(t.Context(), args...)
-	if err != nil {
-		t.Fatalf("%v: %v", args, err)
-	}
-	if !strings.HasPrefix(line, ":") {
-		t.Fatalf("%v: reply %q, want an integer", args, line)
-	}
-	n, err := strconv.ParseInt(line[1:], 10, 64)
-	if err != nil {
-		t.Fatalf("%v: reply %q: %v", args, line, err)
-	}
-	return n
-}
-
 // redisGet reads a string key from outside ("" and false if it is missing).
 func redisGet(t *testing.T, c rueidis.Client, key string) (string, bool) {
 	t.Helper()
@@ -444,7 +427,7 @@ func TestExternalDeleteCancelsHolder(t *testing.T) {
 	key := newKey(t)
 	const ttl = 900 * time.Millisecond
 	lostWithin(t, newLocker(t, r), key, ttl, ttl/3+250*time.Millisecond, func() {
-		if n := redisInt(t, r, "DEL", lockKey(defaultPrefix, key)); n != 1 {
+		if n := r.Int(t, "DEL", lockKey(defaultPrefix, key)); n != 1 {
 			t.Fatalf("DEL of the lock key removed %d keys, want 1 (key layout changed?)", n)
 		}
 	})
@@ -566,7 +549,7 @@ func TestFairQueueAcrossClients(t *testing.T) {
 			results <- l.Release(ctx)
 		}()
 		waitWaiters(t, ctx, holder, key, i+1)
-		if got := redisInt(t, r, "ZCARD", queueKey(defaultPrefix, key)); got != int64(i+1) {
+		if got := r.Int(t, "ZCARD", queueKey(defaultPrefix, key)); got != int64(i+1) {
 			t.Fatalf("ZCARD of the queue key = %d, want %d", got, i+1)
 		}
 	}
@@ -594,7 +577,7 @@ func TestFairQueueAcrossClients(t *testing.T) {
 	if want := []int{0, 1, 2, 3, 4, 5, 6, 7}; !slices.Equal(got, want) {
 		t.Fatalf("served in order %v, want %v", got, want)
 	}
-	if n := redisInt(t, r, "EXISTS", queueKey(defaultPrefix, key)); n != 0 {
+	if n := r.Int(t, "EXISTS", queueKey(defaultPrefix, key)); n != 0 {
 		t.Fatalf("queue key still exists after every waiter was served")
 	}
 }
@@ -671,7 +654,7 @@ func TestFencesSurviveDataLoss(t *testing.T) {
 	if err := r.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if n := redisInt(t, r, "DBSIZE"); n != 0 {
+	if n := r.Int(t, "DBSIZE"); n != 0 {
 		t.Fatalf("DBSIZE after restart = %d, want 0 (data should be lost)", n)
 	}
 	lease, err := newLocker(t, r).TryAcquire(ctx, key, lock.Options{TTL: 10 * time.Second})

@@ -116,29 +116,12 @@ func mustDeny(t *testing.T, ctx context.Context, l *ratelimit.Limiter, r ratelim
 	return d
 }
 
-// redisInt sends one command from outside and parses an integer reply.
-func redisInt(t *testing.T, r *testutil.Redis, args ...string) int64 {
-	t.Helper()
-	line, err := r.Do(t.Context(), args...)
-	if err != nil {
-		t.Fatalf("%v: %v", args, err)
-	}
-	if !strings.HasPrefix(line, ":") {
-		t.Fatalf("%v: reply %q, want an integer", args, line)
-	}
-	n, err := strconv.ParseInt(line[1:], 10, 64)
-	if err != nil {
-		t.Fatalf("%v: reply %q: %v", args, line, err)
-	}
-	return n
-}
-
 // waitLane polls Redis until lane has n waiters.
 func waitLane(t *testing.T, r *testutil.Redis, lane string, n int64) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		got := redisInt(t, r, "ZCARD", laneKey(lane))
+		got := r.Int(t, "ZCARD", laneKey(lane))
 		if got == n {
 			return
 		}
@@ -561,7 +544,7 @@ func TestKilledHolderPermitFreedAfterHold(t *testing.T) {
 	if bound := ratelimit.DefaultWaiterLease/3 + 500*time.Millisecond; late > bound {
 		t.Fatalf("permit granted %v after the killed holder's hold ended, want within %v", late, bound)
 	}
-	if n := redisInt(t, r, "ZCARD", base+":c:"+scope); n != 1 {
+	if n := r.Int(t, "ZCARD", base+":c:"+scope); n != 1 {
 		t.Fatalf("ZCARD of the permits = %d, want 1 (only the waiter's)", n)
 	}
 }
@@ -610,7 +593,7 @@ func TestKilledWaiterDoesNotPin(t *testing.T) {
 			if d > tc.within {
 				t.Fatalf("live waiter served %v after the settle, want within %v", d, tc.within)
 			}
-			dead := redisInt(t, r, "EXISTS", base+":r:"+deadID)
+			dead := r.Int(t, "EXISTS", base+":r:"+deadID)
 			if tc.deadAdmitted && d < tc.deadHold-50*time.Millisecond {
 				t.Fatalf("live waiter served %v after the settle, before the dead waiter's hold of %v could end", d, tc.deadHold)
 			}
@@ -621,7 +604,7 @@ func TestKilledWaiterDoesNotPin(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustAllow(t, ctx, holder, one(scope, conc(1), 1), "permit after everyone")
-			if n := redisInt(t, r, "EXISTS", laneKey(scope), base+":ql:"+scope, base+":e:"+deadID); n != 0 {
+			if n := r.Int(t, "EXISTS", laneKey(scope), base+":ql:"+scope, base+":e:"+deadID); n != 0 {
 				t.Fatalf("%d lane keys left behind", n)
 			}
 		})
@@ -653,7 +636,7 @@ func TestKilledReserverDoesNotPin(t *testing.T) {
 	if err := l.Settle(ctx, id, []int64{1}); !errors.Is(err, ratelimit.ErrUnknownReservation) {
 		t.Fatalf("Settle of the killed process's reservation after its hold = %v, want ErrUnknownReservation", err)
 	}
-	if n := redisInt(t, r, "EXISTS", base+":r:"+id); n != 0 {
+	if n := r.Int(t, "EXISTS", base+":r:"+id); n != 0 {
 		t.Fatalf("the reservation key outlived its hold")
 	}
 	time.Sleep(lim.Window) // a full window refills the bucket
@@ -769,7 +752,7 @@ func serveAcross(t *testing.T, ctx context.Context, r *testutil.Redis, scope str
 	for i := range order {
 		got = append(got, i)
 	}
-	if n := redisInt(t, r, "EXISTS", laneKey(scope)); n != 0 {
+	if n := r.Int(t, "EXISTS", laneKey(scope)); n != 0 {
 		t.Fatalf("lane still exists after every waiter was served")
 	}
 	return got
