@@ -32,12 +32,13 @@ Usage:
   llmgate <command> [arguments]
 
 Commands:
-  lock      run a command while holding a distributed lock (flock across machines)
-  bench     measure the coordination store ('llmgate bench lock --help')
-  mock      run the built-in simulated OpenAI-compatible provider
-  serve     run the OpenAI-compatible gateway (not built yet)
-  version   print the llmgate and Go versions
-  help      show help for a command
+  serve         run the OpenAI-compatible gateway
+  check-config  validate a gateway configuration file and explain it
+  lock          run a command while holding a distributed lock (flock across machines)
+  bench         measure the coordination store ('llmgate bench lock --help')
+  mock          run the built-in simulated OpenAI-compatible provider
+  version       print the llmgate and Go versions
+  help          show help for a command
 
 Run 'llmgate help <command>' or 'llmgate <command> --help' for details.
 `
@@ -103,8 +104,9 @@ func (a *App) Run(args []string) int {
 	case "mock":
 		return a.mock(rest)
 	case "serve":
-		fmt.Fprintln(a.Stderr, "llmgate serve: the gateway is not built yet (see issue 4); try 'llmgate lock --help'")
-		return exitUsage
+		return a.serve(rest)
+	case "check-config":
+		return a.checkConfig(rest)
 	default:
 		fmt.Fprintf(a.Stderr, "llmgate: unknown command %q; run 'llmgate help' for the list\n", cmd)
 		return exitUsage
@@ -126,7 +128,9 @@ func (a *App) help(args []string) int {
 	case "version":
 		fmt.Fprintln(a.Stdout, "Usage: llmgate version\n\nPrints the llmgate module version, VCS revision when known, and the Go version it was built with.")
 	case "serve":
-		fmt.Fprintln(a.Stdout, "Usage: llmgate serve\n\nThe OpenAI-compatible gateway; not built yet (see issue 4).")
+		fmt.Fprint(a.Stdout, serveUsageText)
+	case "check-config":
+		fmt.Fprint(a.Stdout, checkConfigUsageText)
 	case "help":
 		fmt.Fprint(a.Stdout, usageText)
 	default:

@@ -1,0 +1,418 @@
+package app
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/llmgate/llmgate/budget"
+	budgetmemory "github.com/llmgate/llmgate/budget/memory"
+	budgetredis "github.com/llmgate/llmgate/budget/redis"
+	"github.com/llmgate/llmgate/clock"
+	"github.com/llmgate/llmgate/internal/config"
+	"github.com/llmgate/llmgate/internal/gateway"
+	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/internal/storeurl"
+	"github.com/llmgate/llmgate/ratelimit"
+	rlmemory "github.com/llmgate/llmgate/ratelimit/memory"
+	rlredis "github.com/llmgate/llmgate/ratelimit/redis"
+)
+
+// serveGrace is how long requests in flight may finish after SIGINT/SIGTERM.
+const serveGrace = 30 * time.Second
+
+const serveUsageText = `Usage:
+  llmgate serve [--config FILE] [--listen ADDR]
+
+Runs the OpenAI-compatible gateway. Point any OpenAI SDK's base URL at
+http://ADDR/v1. Without --config, and with no OPENAI_API_KEY in the
+environment, it starts on the embedded default: the memory store and the
+built-in simulated provider. It stops on SIGINT or SIGTERM, letting requests
+in flight finish for up to 30s. See docs/gateway.md and docs/config.md.
+
+Flags:
+  --config FILE   YAML configuration (default: none, the embedded default)
+  --listen ADDR   address to listen on (overrides the file and LLMGATE_LISTEN)
+`
+
+const checkConfigUsageText = `Usage:
+  llmgate check-config FILE
+
+Loads FILE the way 'llmgate serve --config FILE' would, reports every
+problem, and explains what the gateway would do: deployments and their
+limits, aliases, tenants and budgets. Exit status 0 when the file is valid,
+2 when it is not. Secrets are never printed.
+`
+
+func (a *App) checkConfig(args []string) int {
+	if len(args) == 1 && isHelp(args[0]) {
+		fmt.Fprint(a.Stdout, checkConfigUsageText)
+		return exitOK
+	}
+	if len(args) != 1 {
+		fmt.Fprint(a.Stderr, checkConfigUsageText)
+		return exitUsage
+	}
+	cfg, err := config.Load(args[0], a.Getenv)
+	if err != nil {
+		fmt.Fprintf(a.Stderr, "llmgate check-config: %v\n", err)
+		return exitUsage
+	}
+	cfg.Explain(a.Stdout, a.Getenv)
+	return exitOK
+}
+
+func isHelp(s string) bool { return s == "-h" || s == "-help" || s == "--help" || s == "help" }
+
+func (a *App) serve(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return a.runServe(ctx, args, nil)
+}
+
+// runServe serves the gateway until ctx ends. ready, if not nil, receives
+// the listening address once requests are accepted (tests use it).
+func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) int {
+	fs := flag.NewFlagSet("llmgate serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	configPath := fs.String("config", "", "")
+	listen := fs.String("listen", "", "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(a.Stdout, serveUsageText)
+			return exitOK
+		}
+		fmt.Fprintf(a.Stderr, "llmgate serve: %s; see 'llmgate serve --help'\n", twoDashes(err.Error()))
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(a.Stderr, "llmgate serve: unexpected argument %q; give the configuration with --config FILE\n", fs.Arg(0))
+		return exitUsage
+	}
+	var cfg *config.Config
+	if *configPath != "" {
+		c, err := config.Load(*configPath, a.Getenv)
+		if err != nil {
+			fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
+			return exitUsage
+		}
+		cfg = c
+	} else {
+		cfg = config.Default(a.Getenv)
+	}
+	if *listen != "" {
+		cfg.Listen = *listen
+		if err := cfg.Validate(a.Getenv); err != nil {
+			fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
+			return exitUsage
+		}
+	}
+	log := newLogger(a.Stderr, cfg.Log)
+	if *configPath == "" {
+		if cfg.Providers[0].Type == "simulated" {
+			fmt.Fprintln(a.Stderr, "llmgate serve: no --config and no OPENAI_API_KEY: running the embedded default (memory store, built-in simulated provider)")
+		} else {
+			fmt.Fprintln(a.Stderr, "llmgate serve: no --config: memory store, provider OpenAI with the key in OPENAI_API_KEY")
+		}
+	}
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
+	}
+
+	s, err := a.startServer(ctx, cfg, log)
+	if err != nil {
+		fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
+		return exitFailure
+	}
+	defer s.close()
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		fmt.Fprintf(a.Stderr, "llmgate serve: cannot listen on %s: %v\n", cfg.Listen, err)
+		return exitFailure
+	}
+	srv := &http.Server{
+		Handler:           s.gw.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("llmgate gateway listening", "addr", "http://"+ln.Addr().String()+"/v1", "store", storeurl.Redact(cfg.Store))
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	select {
+	case err := <-errc:
+		fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
+		return exitFailure
+	case <-ctx.Done():
+	}
+	log.Info("shutting down; letting requests in flight finish", "grace", serveGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), serveGrace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("requests still running at the end of the grace period were cut", "err", err)
+	}
+	if err := s.gw.Close(sctx); err != nil {
+		log.Warn("some usage records were not written before exit", "err", err)
+	}
+	return exitOK
+}
+
+func newLogger(w io.Writer, c config.Log) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.SlogLevel()}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// server is a running gateway with what it owns.
+type server struct {
+	gw      *gateway.Gateway
+	closers []func()
+}
+
+func (s *server) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// startServer builds the stores, the simulated providers and the gateway
+// from cfg.
+func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *server, err error) {
+	s := &server{}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+
+	// Stores.
+	var (
+		rlBackend ratelimit.Backend
+		bBackend  budget.Backend
+		ready     func(context.Context) error
+	)
+	if storeurl.IsMemory(cfg.Store) {
+		rlBackend = rlmemory.New(clock.Real{})
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("state_dir %s: %w", cfg.StateDir, err)
+		}
+		bm, err := budgetmemory.Open(budgetmemory.Config{Path: filepath.Join(cfg.StateDir, "budgets.json"), Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, func() { _ = bm.Close() })
+		bBackend = bm
+	} else {
+		client, err := storeurl.OpenRedis(cfg.Store)
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, client.Close)
+		rlBackend = rlredis.New(client, rlredis.Config{})
+		bBackend = budgetredis.New(client, budgetredis.Config{})
+		ready = func(ctx context.Context) error {
+			return client.Do(ctx, client.B().Ping().Build()).Error()
+		}
+		_ = rueidis.Nil
+	}
+	limiter := ratelimit.New(rlBackend, ratelimit.WithLogger(log))
+	prices := budget.DefaultPrices().Merge(cfg.Prices)
+	budgets, err := budget.New(bBackend, budget.Config{
+		Prices: prices, TTL: cfg.Budget.ReservationTTL, FailOpen: cfg.Budget.FailOpen, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// Simulated providers run in-process on a loopback port.
+	simURL := map[string]string{}
+	for i := range cfg.Providers {
+		p := &cfg.Providers[i]
+		if p.Type != "simulated" {
+			continue
+		}
+		url, stop, err := startSim(p)
+		if err != nil {
+			return nil, fmt.Errorf("providers[%d] (%s): %w", i, p.Name, err)
+		}
+		s.closers = append(s.closers, stop)
+		simURL[p.Name] = url
+	}
+
+	deps, err := cfg.Deployments(a.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	var gw *gateway.Gateway
+	up, err := provider.New(provider.Config{
+		MaxAttempts:       cfg.Upstream.MaxAttempts,
+		BackoffBase:       cfg.Upstream.BackoffBase,
+		BackoffMax:        cfg.Upstream.BackoffMax,
+		BreakerFailures:   cfg.Upstream.Breaker.Failures,
+		BreakerOpenFor:    cfg.Upstream.Breaker.OpenFor,
+		TimeoutFloor:      cfg.Upstream.Timeout.Floor,
+		TimeoutCeiling:    cfg.Upstream.Timeout.Ceiling,
+		TimeoutMultiplier: cfg.Upstream.Timeout.Multiplier,
+		Logger:            log,
+		// gw is set before the server accepts its first request.
+		Feedback: func(t *provider.Target, f provider.Feedback) { gw.Feedback(t, f) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	opt := gateway.Options{
+		Route:          cfg.Targets,
+		Limiter:        limiter,
+		Budgets:        budgets,
+		Upstream:       up,
+		Ready:          ready,
+		MaxBodyBytes:   int64(cfg.MaxBodyBytes),
+		MaxWait:        cfg.MaxWait,
+		RequestTimeout: cfg.RequestTimeout,
+		IdleTimeout:    cfg.Upstream.IdleTimeout,
+		Logger:         log,
+	}
+	if cfg.MaxWait == 0 {
+		opt.MaxWait = -1 // configured as "never wait"
+	}
+	seenModel := map[string]bool{}
+	for _, d := range deps {
+		base := d.Provider.BaseURL
+		if u, ok := simURL[d.Provider.Name]; ok {
+			base = u
+		}
+		hdr := http.Header{}
+		for k, v := range d.Provider.Headers {
+			hdr.Set(k, expandEnv(v, a.Getenv))
+		}
+		opt.Deployments = append(opt.Deployments, gateway.Deployment{
+			Name: d.Name, Provider: d.Provider.Name, Model: d.Model,
+			Target: provider.Target{Name: d.Name, BaseURL: base, APIKey: d.APIKey, Header: hdr},
+			Limits: gateway.Limits{RPM: d.Limits.RPM, TPM: d.Limits.TPM, Concurrency: d.Limits.Concurrency},
+		})
+		if !seenModel[d.Model] {
+			seenModel[d.Model] = true
+			opt.Models = append(opt.Models, gateway.Model{ID: d.Model, OwnedBy: d.Provider.Name})
+		}
+	}
+	for _, al := range cfg.Models {
+		if !seenModel[al.Name] {
+			seenModel[al.Name] = true
+			opt.Models = append(opt.Models, gateway.Model{ID: al.Name, OwnedBy: "llmgate"})
+		}
+	}
+	keys, err := cfg.TenantKeys(a.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	tenants := map[*config.Tenant]*gateway.Tenant{}
+	opt.Tenants = make(map[string]*gateway.Tenant, len(keys))
+	for hash, ct := range keys {
+		t, ok := tenants[ct]
+		if !ok {
+			if t, err = gatewayTenant(ct); err != nil {
+				return nil, err
+			}
+			tenants[ct] = t
+		}
+		opt.Tenants[hash] = t
+	}
+	if tok := a.Getenv(cfg.AdminTokenEnv); tok != "" {
+		sum := sha256.Sum256([]byte(tok))
+		opt.AdminTokenSHA256 = hex.EncodeToString(sum[:])
+	}
+	if gw, err = gateway.New(opt); err != nil {
+		return nil, err
+	}
+	s.gw = gw
+	_ = ctx
+	return s, nil
+}
+
+// gatewayTenant converts a configured tenant.
+func gatewayTenant(ct *config.Tenant) (*gateway.Tenant, error) {
+	t := &gateway.Tenant{
+		Name:     ct.Name,
+		Limits:   gateway.Limits{RPM: ct.Limits.RPM, TPM: ct.Limits.TPM, Concurrency: ct.Limits.Concurrency},
+		Priority: ct.RatePriority(),
+		MaxWait:  ct.MaxWait,
+	}
+	if len(ct.Models) > 0 {
+		t.Models = make(map[string]bool, len(ct.Models))
+		for _, m := range ct.Models {
+			t.Models[m] = true
+		}
+	}
+	if len(ct.ModelLimits) > 0 {
+		t.ModelLimits = make(map[string]gateway.Limits, len(ct.ModelLimits))
+		for m, l := range ct.ModelLimits {
+			t.ModelLimits[m] = gateway.Limits{RPM: l.RPM, TPM: l.TPM, Concurrency: l.Concurrency}
+		}
+	}
+	if ct.Budget != nil {
+		b, err := ct.Budget.Budget(ct.Name)
+		if err != nil {
+			return nil, fmt.Errorf("tenant %s: %w", ct.Name, err)
+		}
+		t.Budget = &b
+	}
+	return t, nil
+}
+
+// startSim runs a simulated provider on a loopback port and returns its
+// base URL.
+func startSim(p *config.Provider) (string, func(), error) {
+	sc := sim.Config{Models: p.Models}
+	sc.RPM, sc.TPM, sc.Concurrency = p.Simulated.RPM, p.Simulated.TPM, p.Simulated.Concurrency
+	sc.TTFT, sc.TokenDelay, sc.ErrorRate = p.Simulated.TTFT, p.Simulated.TokenDelay, p.Simulated.ErrorRate
+	var chat, emb []string
+	for _, m := range p.Models {
+		if strings.Contains(m, "embedding") {
+			emb = append(emb, m)
+		} else {
+			chat = append(chat, m)
+		}
+	}
+	sc.Models, sc.EmbeddingModels = chat, emb
+	srv, err := sim.New(sc)
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	return "http://" + ln.Addr().String() + "/v1", func() { _ = hs.Close() }, nil
+}
+
+// expandEnv replaces a "${NAME}" header value by the variable's value.
+func expandEnv(v string, getenv func(string) string) string {
+	if len(v) > 3 && v[0] == '$' && v[1] == '{' && v[len(v)-1] == '}' {
+		return getenv(v[2 : len(v)-1])
+	}
+	return v
+}

@@ -1,0 +1,297 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/openai"
+	"github.com/llmgate/llmgate/ratelimit"
+)
+
+// reservationHold is how long a rate-limit reservation (and its
+// concurrency permit) lives without news from this replica; long streams
+// extend it every holdRenewal, so a crashed replica frees its permits soon.
+const (
+	reservationHold = 2 * time.Minute
+	holdRenewal     = time.Minute
+)
+
+// accountingPeriod is the window usage is recorded in for tenants without a
+// budget.
+const accountingPeriod = budget.Month
+
+// reserveBudget holds the request's estimate on the tenant's budget. Tenants
+// without a budget get a reservation that only names the accounting window
+// (nothing is held, so no store call is needed).
+func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservation, *apiError) {
+	est := budget.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.completionEstimate}
+	b := c.tenant.Budget
+	if b == nil || (b.Tokens == 0 && b.MicroUSD == 0) {
+		if b == nil {
+			b = &budget.Budget{Tenant: c.tenant.Name, Period: accountingPeriod}
+		}
+		win, err := b.Window(time.Now())
+		if err != nil {
+			return budget.Reservation{}, internalError(g, c, "budget window", err)
+		}
+		return budget.Reservation{ID: c.id, Tenant: c.tenant.Name, Window: win, Model: c.req.Model, Estimate: est}, nil
+	}
+	res, err := g.opt.Budgets.Reserve(ctx, *b, c.id, c.req.Model, est)
+	if err == nil {
+		return res, nil
+	}
+	var ex *budget.ExhaustedError
+	switch {
+	case errors.As(err, &ex):
+		c.outcome = "budget"
+		g.metrics.budgetDenied.WithLabelValues(c.tenant.Name).Inc()
+		e := errf(http.StatusTooManyRequests, openai.TypeQuota, "insufficient_quota", "",
+			"The %s budget of this API key for %s is used up (%s); it resets at %s.",
+			b.Period, ex.Window.ID, exhaustedWhat(ex), ex.ResetAt().UTC().Format(time.RFC3339))
+		return budget.Reservation{}, withHeaders(e, func(h http.Header) {
+			h.Set("X-Should-Retry", "false")
+			h.Set("Retry-After", strconv.FormatInt(int64(max(time.Until(ex.ResetAt()), time.Second)/time.Second), 10))
+		})
+	case errors.Is(err, budget.ErrStoreUnavailable):
+		c.outcome = "store_unavailable"
+		g.log.Error("budget store unavailable; request denied (budgets fail closed)", "request_id", c.id, "tenant", c.tenant.Name, "err", err)
+		return budget.Reservation{}, errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "store_unavailable", "",
+			"The gateway cannot check this API key's budget right now. Retry shortly.")
+	case ctx.Err() != nil:
+		return budget.Reservation{}, g.cancelled(c, ctx)
+	default:
+		return budget.Reservation{}, internalError(g, c, "budget reserve", err)
+	}
+}
+
+func exhaustedWhat(ex *budget.ExhaustedError) string {
+	switch {
+	case ex.Tokens && ex.Money:
+		return "tokens and money"
+	case ex.Tokens:
+		return "tokens"
+	default:
+		return "money"
+	}
+}
+
+// admitted is a request that passed the rate limits on one deployment.
+type admitted struct {
+	dep      *deployment
+	decision ratelimit.Decision
+	charges  []ratelimit.Charge // nil when no limit applied (nothing to settle)
+}
+
+// chargesFor lists every limit a request sent to dep must pass: the
+// deployment's (first, so it is the request's queue), the tenant's, and the
+// tenant's for the model asked for.
+func (g *Gateway) chargesFor(c *call, dep *deployment) []ratelimit.Charge {
+	tok := c.tokenEstimate()
+	ch := make([]ratelimit.Charge, 0, 9)
+	ch = dep.charges(ch, tok)
+	t := c.tenant
+	ch = appendCharges(ch, "tenant:"+t.Name, t.Limits, tok)
+	if ml, ok := t.ModelLimits[c.req.Model]; ok {
+		ch = appendCharges(ch, "tenant-model:"+t.Name+"/"+c.req.Model, ml, tok)
+	}
+	return ch
+}
+
+// admit finds a deployment among cands that admits c. It asks each in turn
+// (most headroom first) without waiting; if none has room it waits, in the
+// fair queue of the one that will have room soonest, up to c.maxWait.
+func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admitted, *apiError) {
+	var (
+		best     admitted
+		bestWait = time.Duration(-1)
+	)
+	for i, dep := range cands {
+		ch := g.chargesFor(c, dep)
+		if len(ch) == 0 {
+			return admitted{dep: dep}, nil
+		}
+		req := ratelimit.Request{Charges: ch, Priority: c.priority, Hold: reservationHold}
+		if len(cands) == 1 && c.maxWait > 0 {
+			return g.wait(ctx, c, dep, req)
+		}
+		d, err := g.opt.Limiter.Allow(ctx, req)
+		if err != nil {
+			return admitted{}, g.limiterError(ctx, c, err)
+		}
+		dep.learn(d.Limits)
+		if d.Allowed {
+			return admitted{dep: dep, decision: d, charges: ch}, nil
+		}
+		if bestWait < 0 || d.RetryAfter < bestWait {
+			best, bestWait = admitted{dep: dep, decision: d, charges: ch}, d.RetryAfter
+		}
+		_ = i
+	}
+	if c.maxWait <= 0 {
+		return admitted{}, g.limited(c, best.decision, 0)
+	}
+	return g.wait(ctx, c, best.dep, ratelimit.Request{Charges: best.charges, Priority: c.priority, Hold: reservationHold})
+}
+
+// wait queues c for dep until admitted or c.maxWait passes.
+func (g *Gateway) wait(ctx context.Context, c *call, dep *deployment, req ratelimit.Request) (admitted, *apiError) {
+	wctx, cancel := context.WithTimeout(ctx, c.maxWait)
+	defer cancel()
+	start := time.Now()
+	d, err := g.opt.Limiter.Wait(wctx, req)
+	waited := time.Since(start)
+	g.metrics.admissionWait.Observe(waited.Seconds())
+	if err == nil {
+		dep.learn(d.Limits)
+		return admitted{dep: dep, decision: d, charges: req.Charges}, nil
+	}
+	if errors.Is(err, ratelimit.ErrLimited) && ctx.Err() == nil {
+		return admitted{}, g.limited(c, d, waited)
+	}
+	return admitted{}, g.limiterError(ctx, c, err)
+}
+
+// limited is the 429 of a request the limits did not admit in time.
+func (g *Gateway) limited(c *call, d ratelimit.Decision, waited time.Duration) *apiError {
+	c.outcome = "limited"
+	kind := "requests"
+	if d.DeniedKind != 0 {
+		kind = d.DeniedKind.String()
+	}
+	g.metrics.limited.WithLabelValues(scopeKind(d.DeniedBy), kind).Inc()
+	msg := fmt.Sprintf("Rate limit reached on %s (%s)", describeScope(d.DeniedBy), kind)
+	if waited > 0 {
+		msg += fmt.Sprintf(" after waiting %s", waited.Round(time.Millisecond))
+	}
+	msg += "."
+	e := errf(http.StatusTooManyRequests, kind, "rate_limit_exceeded", "", "%s", msg)
+	return withHeaders(e, func(h http.Header) {
+		ra := d.RetryAfter
+		if ra <= 0 {
+			ra = time.Second
+		}
+		h.Set("Retry-After", strconv.FormatInt(int64((ra+time.Second-1)/time.Second), 10))
+		h.Set("Retry-After-Ms", strconv.FormatInt(ra.Milliseconds(), 10))
+		setRateHeaders(h, d.Limits)
+	})
+}
+
+// limiterError answers a limiter failure that is not a denial.
+func (g *Gateway) limiterError(ctx context.Context, c *call, err error) *apiError {
+	switch {
+	case ctx.Err() != nil:
+		return g.cancelled(c, ctx)
+	case errors.Is(err, ratelimit.ErrStoreUnavailable):
+		c.outcome = "store_unavailable"
+		g.log.Error("rate-limit store unavailable; request denied (limit fails closed)", "request_id", c.id, "err", err)
+		return errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "store_unavailable", "",
+			"The gateway cannot check rate limits right now. Retry shortly.")
+	default:
+		return internalError(g, c, "rate limit", err)
+	}
+}
+
+// cancelled is the answer to a request whose client left or whose deadline
+// passed.
+func (g *Gateway) cancelled(c *call, ctx context.Context) *apiError {
+	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		c.outcome = "timeout"
+		return errf(http.StatusGatewayTimeout, openai.TypeTimeout, "request_timeout", "",
+			"The request did not complete within the gateway's request timeout.")
+	}
+	c.outcome = "cancelled"
+	return errf(499, openai.TypeInvalidRequest, "client_closed_request", "", "The client closed the request.")
+}
+
+func internalError(g *Gateway, c *call, what string, err error) *apiError {
+	c.outcome = "error"
+	g.log.Error("internal error", "request_id", c.id, "step", what, "err", err)
+	return errf(http.StatusInternalServerError, openai.TypeServer, "internal_error", "",
+		"The gateway failed to process the request (request id %s).", c.id)
+}
+
+// setRateHeaders sets OpenAI's x-ratelimit-* headers from the tightest
+// requests and tokens limits of a decision.
+func setRateHeaders(h http.Header, st []ratelimit.Status) {
+	var req, tok *ratelimit.Status
+	for i := range st {
+		s := &st[i]
+		switch s.Kind {
+		case ratelimit.Requests:
+			if s.Limit >= unlimitedRPM {
+				continue // the stand-in for "no limit" is not the client's business
+			}
+			if req == nil || s.Remaining < req.Remaining {
+				req = s
+			}
+		case ratelimit.Tokens:
+			if tok == nil || s.Remaining < tok.Remaining {
+				tok = s
+			}
+		}
+	}
+	if req != nil {
+		h["X-Ratelimit-Limit-Requests"] = []string{strconv.FormatInt(req.Limit, 10)}
+		h["X-Ratelimit-Remaining-Requests"] = []string{strconv.FormatInt(req.Remaining, 10)}
+		h["X-Ratelimit-Reset-Requests"] = []string{formatReset(req.Reset)}
+	}
+	if tok != nil {
+		h["X-Ratelimit-Limit-Tokens"] = []string{strconv.FormatInt(tok.Limit, 10)}
+		h["X-Ratelimit-Remaining-Tokens"] = []string{strconv.FormatInt(tok.Remaining, 10)}
+		h["X-Ratelimit-Reset-Tokens"] = []string{formatReset(tok.Reset)}
+	}
+}
+
+// formatReset writes a duration the way OpenAI does ("1s", "6m0s", "20ms").
+func formatReset(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(10 * time.Millisecond).String()
+}
+
+// scopeKind is the metrics label of a scope: its prefix.
+func scopeKind(scope string) string {
+	for _, k := range []string{"dep", "tenant-model", "tenant"} {
+		if len(scope) > len(k) && scope[:len(k)] == k && scope[len(k)] == ':' {
+			return k
+		}
+	}
+	return "other"
+}
+
+func describeScope(scope string) string {
+	switch scopeKind(scope) {
+	case "dep":
+		return "deployment " + scope[len("dep:"):]
+	case "tenant":
+		return "this API key's limit"
+	case "tenant-model":
+		return "this API key's limit for the model"
+	}
+	return "a shared limit"
+}
+
+// available returns the deployments of a route target whose breaker lets
+// requests through, most headroom first.
+func (g *Gateway) available(target string) []*deployment {
+	all := g.byTarget[target]
+	out := make([]*deployment, 0, len(all))
+	for _, d := range all {
+		if g.opt.Upstream.Available(d.Name) {
+			out = append(out, d)
+		}
+	}
+	if len(out) > 1 {
+		slices.SortStableFunc(out, func(a, b *deployment) int {
+			return int(b.headroom.Load() - a.headroom.Load())
+		})
+	}
+	return out
+}

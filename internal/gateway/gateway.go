@@ -1,0 +1,307 @@
+// Package gateway is llmgate's OpenAI-compatible HTTP front: it
+// authenticates tenants, routes models to deployments, admits requests
+// through the shared rate limits and budgets, calls the provider and settles
+// what was really used.
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/ratelimit"
+)
+
+// Limits is a quota; 0 means no limit of that kind.
+type Limits struct {
+	RPM, TPM, Concurrency int64
+}
+
+func (l Limits) any() bool { return l.RPM > 0 || l.TPM > 0 || l.Concurrency > 0 }
+
+// Deployment is one provider key serving one model.
+type Deployment struct {
+	// Name labels the deployment in limits, metrics and usage, e.g.
+	// "openai#2/gpt-4.1".
+	Name string
+	// Provider and Model address it as a route target "provider/model".
+	Provider, Model string
+	// Target is how to call it (base URL and key).
+	Target provider.Target
+	// Limits is the provider's quota for this key and model.
+	Limits Limits
+}
+
+// Tenant is a caller identified by its API key.
+type Tenant struct {
+	Name string
+	// Models lists the model names the tenant may ask for; nil means all.
+	Models map[string]bool
+	// Limits apply to everything the tenant sends; ModelLimits to each
+	// model name it asks for.
+	Limits      Limits
+	ModelLimits map[string]Limits
+	// Budget caps the tenant's spend; nil means usage is only accounted.
+	Budget *budget.Budget
+	// Priority is the default queue class of the tenant's requests.
+	Priority ratelimit.Priority
+	// MaxWait overrides Options.MaxWait when not nil.
+	MaxWait *time.Duration
+}
+
+// Model is an entry of GET /v1/models.
+type Model struct {
+	ID      string
+	OwnedBy string
+}
+
+// Options configures a Gateway. Limiter, Budgets and Upstream are required.
+type Options struct {
+	Deployments []Deployment
+	// Route returns the ordered route targets ("provider/model") for a
+	// model name a client sends; false when the model is unknown.
+	Route func(model string) ([]string, bool)
+	// Models is what GET /v1/models lists (filtered per tenant).
+	Models []Model
+	// Tenants maps the lowercase hex SHA-256 of an API key to its tenant.
+	// Empty means open access: every request runs as tenant "anonymous".
+	Tenants map[string]*Tenant
+
+	Limiter  *ratelimit.Limiter
+	Budgets  *budget.Manager
+	Upstream *provider.Client
+	// Ready reports whether the coordination store answers (GET /readyz).
+	Ready func(ctx context.Context) error
+
+	// MaxBodyBytes bounds request bodies (413 above). Default 8 MiB.
+	MaxBodyBytes int64
+	// MaxWait is how long a request may wait for rate-limit capacity
+	// before it is answered 429. Default 30s.
+	MaxWait time.Duration
+	// RequestTimeout bounds a whole request: waiting, retries and the
+	// answer. Default 10m.
+	RequestTimeout time.Duration
+	// IdleTimeout is the longest gap between two events of an upstream
+	// stream. Default 2m.
+	IdleTimeout time.Duration
+	// CompletionEstimate is the completion tokens reserved for a request
+	// that does not set max_tokens. Default 256.
+	CompletionEstimate int64
+	// AdminTokenSHA256 is the hex SHA-256 of the admin API token; empty
+	// disables /admin/.
+	AdminTokenSHA256 string
+
+	Logger *slog.Logger
+	// Registerer receives the gateway's Prometheus metrics; nil means a new
+	// registry, served on /metrics.
+	Registry *prometheus.Registry
+}
+
+// Default values of Options.
+const (
+	DefaultMaxBodyBytes       = 8 << 20
+	DefaultMaxWait            = 30 * time.Second
+	DefaultRequestTimeout     = 10 * time.Minute
+	DefaultIdleTimeout        = 2 * time.Minute
+	DefaultCompletionEstimate = 256
+)
+
+// anonymous is the tenant of open access (no tenants configured).
+var anonymous = &Tenant{Name: "anonymous"}
+
+// Gateway serves the OpenAI-compatible API. Create it with New.
+type Gateway struct {
+	opt      Options
+	log      *slog.Logger
+	mux      *http.ServeMux
+	metrics  *metrics
+	registry *prometheus.Registry
+	// byTarget maps "provider/model" to its deployments (one per key).
+	byTarget map[string][]*deployment
+	deps     []*deployment
+	byName   map[string]*deployment
+	// pending counts background settles; Close waits for them.
+	pending sync.WaitGroup
+}
+
+// New returns a Gateway, or an error naming what is missing.
+func New(opt Options) (*Gateway, error) {
+	switch {
+	case opt.Limiter == nil:
+		return nil, errors.New("gateway: Options.Limiter is required")
+	case opt.Budgets == nil:
+		return nil, errors.New("gateway: Options.Budgets is required")
+	case opt.Upstream == nil:
+		return nil, errors.New("gateway: Options.Upstream is required")
+	case opt.Route == nil:
+		return nil, errors.New("gateway: Options.Route is required")
+	}
+	if opt.MaxBodyBytes <= 0 {
+		opt.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opt.MaxWait < 0 {
+		opt.MaxWait = 0
+	} else if opt.MaxWait == 0 {
+		opt.MaxWait = DefaultMaxWait
+	}
+	if opt.RequestTimeout <= 0 {
+		opt.RequestTimeout = DefaultRequestTimeout
+	}
+	if opt.IdleTimeout <= 0 {
+		opt.IdleTimeout = DefaultIdleTimeout
+	}
+	if opt.CompletionEstimate <= 0 {
+		opt.CompletionEstimate = DefaultCompletionEstimate
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opt.Ready == nil {
+		opt.Ready = func(context.Context) error { return nil }
+	}
+	reg := opt.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	g := &Gateway{
+		opt:      opt,
+		log:      opt.Logger,
+		registry: reg,
+		byTarget: make(map[string][]*deployment),
+		byName:   make(map[string]*deployment),
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	g.metrics = m
+	seen := make(map[string]bool)
+	for i := range opt.Deployments {
+		d := &opt.Deployments[i]
+		if d.Name == "" || d.Provider == "" || d.Model == "" {
+			return nil, fmt.Errorf("gateway: deployment %d needs Name, Provider and Model", i)
+		}
+		if seen[d.Name] {
+			return nil, fmt.Errorf("gateway: two deployments are named %q", d.Name)
+		}
+		seen[d.Name] = true
+		dep := newDeployment(d)
+		g.deps = append(g.deps, dep)
+		g.byName[d.Name] = dep
+		key := d.Provider + "/" + d.Model
+		g.byTarget[key] = append(g.byTarget[key], dep)
+	}
+	g.routes()
+	return g, nil
+}
+
+// Handler returns the gateway's HTTP handler.
+func (g *Gateway) Handler() http.Handler { return g.mux }
+
+func (g *Gateway) routes() {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", g.serveChat)
+	mux.HandleFunc("POST /v1/completions", g.serveCompletions)
+	mux.HandleFunc("POST /v1/embeddings", g.serveEmbeddings)
+	mux.HandleFunc("GET /v1/models", g.serveModels)
+	mux.HandleFunc("GET /v1/models/{model...}", g.serveModel)
+	mux.HandleFunc("GET /healthz", g.serveHealth)
+	mux.HandleFunc("GET /readyz", g.serveReady)
+	mux.Handle("GET /metrics", g.metricsHandler())
+	mux.HandleFunc("GET /admin/usage", g.admin(g.serveAdminUsage))
+	mux.HandleFunc("GET /admin/deployments", g.admin(g.serveAdminDeployments))
+	mux.HandleFunc("/", g.serveNotFound)
+	g.mux = mux
+}
+
+// authenticate returns the request's tenant, or a 401.
+func (g *Gateway) authenticate(r *http.Request) (*Tenant, *apiError) {
+	key, ok := bearer(r)
+	if len(g.opt.Tenants) == 0 {
+		return anonymous, nil
+	}
+	if !ok {
+		return nil, errf(http.StatusUnauthorized, "authentication_error", "missing_api_key", "",
+			"You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY'.")
+	}
+	sum := sha256.Sum256([]byte(key))
+	t := g.opt.Tenants[hex.EncodeToString(sum[:])]
+	if t == nil {
+		return nil, errf(http.StatusUnauthorized, "authentication_error", "invalid_api_key", "",
+			"Incorrect API key provided. Ask your llmgate operator for a valid key.")
+	}
+	return t, nil
+}
+
+// bearer returns the token of an "Authorization: Bearer" header (also
+// accepting OpenAI's "api-key" header used by Azure SDKs).
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		tok := strings.TrimSpace(h[7:])
+		return tok, tok != ""
+	}
+	if k := strings.TrimSpace(r.Header.Get("Api-Key")); k != "" {
+		return k, true
+	}
+	return "", false
+}
+
+// admin wraps an admin handler with the admin token check.
+func (g *Gateway) admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		setRequestID(w, r)
+		if g.opt.AdminTokenSHA256 == "" {
+			errf(http.StatusNotFound, "not_found_error", "admin_disabled", "",
+				"The admin API is disabled: set the admin token (admin_token_env) to enable it.").Write(w)
+			return
+		}
+		tok, _ := bearer(r)
+		sum := sha256.Sum256([]byte(tok))
+		want, err := hex.DecodeString(g.opt.AdminTokenSHA256)
+		if err != nil || tok == "" || subtle.ConstantTimeCompare(sum[:], want) != 1 {
+			errf(http.StatusUnauthorized, "authentication_error", "invalid_admin_token", "",
+				"The admin API needs the admin token as 'Authorization: Bearer TOKEN'.").Write(w)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (g *Gateway) serveHealth(w http.ResponseWriter, r *http.Request) {
+	setRequestID(w, r)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte("{\"status\":\"ok\"}\n"))
+}
+
+func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
+	setRequestID(w, r)
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := g.opt.Ready(ctx); err != nil {
+		g.log.Warn("readiness check failed", "err", err)
+		errf(http.StatusServiceUnavailable, "service_unavailable", "store_unavailable", "",
+			"The coordination store is not reachable.").Write(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte("{\"status\":\"ready\"}\n"))
+}
+
+func (g *Gateway) serveNotFound(w http.ResponseWriter, r *http.Request) {
+	setRequestID(w, r)
+	errf(http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+		"Unknown request URL: %s %s. Please check the URL for typos, or see the docs at docs/gateway.md.", r.Method, r.URL.Path).Write(w)
+}

@@ -1,0 +1,202 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmgate/llmgate/internal/openai"
+	"github.com/llmgate/llmgate/internal/tokens"
+	"github.com/llmgate/llmgate/ratelimit"
+)
+
+func (g *Gateway) serveChat(w http.ResponseWriter, r *http.Request) {
+	g.serve(w, r, openai.ChatCompletions)
+}
+
+func (g *Gateway) serveCompletions(w http.ResponseWriter, r *http.Request) {
+	g.serve(w, r, openai.Completions)
+}
+
+func (g *Gateway) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
+	g.serve(w, r, openai.Embeddings)
+}
+
+// call is one client request on its way through the pipeline.
+type call struct {
+	id       string
+	start    time.Time
+	tenant   *Tenant
+	req      *openai.Request
+	body     []byte
+	targets  []string
+	priority ratelimit.Priority
+	maxWait  time.Duration
+	// estimate is the usage reserved before the call.
+	promptEstimate, completionEstimate int64
+	outcome                            string // metrics label: ok, limited, budget, upstream_error, ...
+}
+
+func (c *call) tokenEstimate() int64 { return c.promptEstimate + c.completionEstimate }
+
+// serve runs the pipeline for one of the proxied POST endpoints.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoint) {
+	c := &call{id: setRequestID(w, r), start: time.Now(), outcome: "error"}
+	model := ""
+	defer func() {
+		g.metrics.observeRequest(c, ep, model)
+	}()
+	ctx, cancel := context.WithTimeout(r.Context(), g.opt.RequestTimeout)
+	defer cancel()
+
+	t, aerr := g.authenticate(r)
+	if aerr != nil {
+		c.outcome = "unauthorized"
+		aerr.Write(w)
+		return
+	}
+	c.tenant = t
+	body, aerr := g.readBody(w, r)
+	if aerr != nil {
+		c.outcome = "bad_request"
+		aerr.Write(w)
+		return
+	}
+	c.body = body
+	req, aerr := openai.ParseRequest(ep, body)
+	if aerr != nil {
+		c.outcome = "bad_request"
+		aerr.Write(w)
+		return
+	}
+	c.req = req
+	model = req.Model
+	if t.Models != nil && !t.Models[req.Model] {
+		c.outcome = "forbidden"
+		errf(http.StatusForbidden, openai.TypePermission, "model_not_allowed", "model",
+			"The model '%s' is not allowed for this API key.", req.Model).Write(w)
+		return
+	}
+	targets, ok := g.opt.Route(req.Model)
+	if !ok || len(targets) == 0 {
+		c.outcome = "not_found"
+		errf(http.StatusNotFound, openai.TypeInvalidRequest, "model_not_found", "model",
+			"The model '%s' does not exist or you do not have access to it.", req.Model).Write(w)
+		return
+	}
+	c.targets = targets
+	if aerr := g.readHints(r, c); aerr != nil {
+		c.outcome = "bad_request"
+		aerr.Write(w)
+		return
+	}
+	g.estimate(c)
+	g.run(ctx, w, r, c)
+}
+
+// readBody reads the request body up to the configured limit.
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	if r.ContentLength > g.opt.MaxBodyBytes {
+		return nil, g.tooLarge()
+	}
+	size := 4096
+	if r.ContentLength > 0 {
+		size = int(r.ContentLength) + 1 // +1 so ReadAll sees EOF without growing
+	}
+	buf := make([]byte, 0, size)
+	lr := http.MaxBytesReader(w, r.Body, g.opt.MaxBodyBytes)
+	for {
+		n, err := lr.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return nil, g.tooLarge()
+			}
+			return nil, openai.BadRequest("", "The request body could not be read: the connection ended early.")
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+	}
+}
+
+func (g *Gateway) tooLarge() *apiError {
+	return errf(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "request_too_large", "",
+		"The request body is larger than this gateway accepts (%d bytes).", g.opt.MaxBodyBytes)
+}
+
+// readHints applies the x-llmgate-priority and x-llmgate-max-wait headers.
+func (g *Gateway) readHints(r *http.Request, c *call) *apiError {
+	c.priority = c.tenant.Priority
+	if p := r.Header.Get("X-Llmgate-Priority"); p != "" {
+		switch strings.ToLower(strings.TrimSpace(p)) {
+		case "interactive":
+			c.priority = ratelimit.Interactive
+		case "batch":
+			c.priority = ratelimit.Batch
+		default:
+			return errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-priority",
+				"Invalid x-llmgate-priority %q: use 'interactive' or 'batch'.", p)
+		}
+	}
+	c.maxWait = g.opt.MaxWait
+	if c.tenant.MaxWait != nil {
+		c.maxWait = *c.tenant.MaxWait
+	}
+	if v := r.Header.Get("X-Llmgate-Max-Wait"); v != "" {
+		d, err := parseWait(v)
+		if err != nil {
+			return errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-max-wait",
+				"Invalid x-llmgate-max-wait %q: give seconds (\"2.5\") or a duration (\"500ms\", \"1m\").", v)
+		}
+		c.maxWait = d
+	}
+	return nil
+}
+
+// parseWait reads a wait given in seconds or as a Go duration.
+func parseWait(v string) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if f < 0 || f > 86400 || f != f {
+			return 0, errors.New("out of range")
+		}
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 || d > 24*time.Hour {
+		return 0, errors.New("bad duration")
+	}
+	return d, nil
+}
+
+// estimate sets the tokens reserved before the call: the prompt as the
+// provider will count it, plus the most the completion may use.
+func (g *Gateway) estimate(c *call) {
+	req := c.req
+	switch req.Endpoint {
+	case openai.ChatCompletions:
+		c.promptEstimate = int64(tokens.Chat(req.Model, req.Messages, req.Tools))
+	default:
+		c.promptEstimate = int64(tokens.Input(req.Model, req.Input))
+	}
+	if req.Endpoint == openai.Embeddings {
+		return
+	}
+	per := req.MaxTokens
+	if per == 0 {
+		per = g.opt.CompletionEstimate
+		if req.Endpoint == openai.Completions {
+			per = 16 // the legacy API's default max_tokens
+		}
+	}
+	c.completionEstimate = per * req.N
+}

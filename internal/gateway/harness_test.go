@@ -1,0 +1,203 @@
+package gateway
+
+import (
+	"context"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/llmgate/llmgate/budget"
+	budgetmemory "github.com/llmgate/llmgate/budget/memory"
+	"github.com/llmgate/llmgate/clock"
+	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/ratelimit"
+	rlmemory "github.com/llmgate/llmgate/ratelimit/memory"
+)
+
+// Keys the tests use. The provider key must never show up in logs.
+const (
+	providerKey = "sk-provider-secret-0123456789"
+	tenantKey   = "sk-team-a-secret"
+	batchKey    = "sk-batch-secret"
+	adminToken  = "admin-secret-token"
+)
+
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// harness is a gateway on the memory stores in front of a simulated
+// provider, both on loopback HTTP servers.
+type harness struct {
+	t       *testing.T
+	sim     *sim.Server
+	simURL  string
+	gw      *Gateway
+	url     string
+	logs    *syncBuffer
+	up      *provider.Client
+	teamA   *Tenant
+	batch   *Tenant
+	budgets *budget.Manager
+}
+
+type harnessConfig struct {
+	sim      sim.Config
+	provider provider.Config
+	// edit changes the gateway options before New.
+	edit func(o *Options, h *harness)
+}
+
+var simModels = []string{"gpt-4.1", "gpt-4.1-mini", "text-embedding-3-small"}
+
+func newHarness(t *testing.T, hc harnessConfig) *harness {
+	t.Helper()
+	h := &harness{t: t, logs: &syncBuffer{}}
+	if hc.sim.APIKeys == nil {
+		hc.sim.APIKeys = []string{providerKey}
+	}
+	if hc.sim.Models == nil {
+		hc.sim.Models = []string{"gpt-4.1", "gpt-4.1-mini"}
+	}
+	s, err := sim.New(hc.sim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.sim = s
+	simSrv := httptest.NewServer(s.Handler())
+	t.Cleanup(simSrv.Close)
+	h.simURL = simSrv.URL + "/v1"
+
+	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var gw *Gateway
+	pc := hc.provider
+	pc.Logger = log
+	if pc.BackoffBase == 0 {
+		pc.BackoffBase = time.Millisecond
+		pc.BackoffMax = 20 * time.Millisecond
+	}
+	pc.Feedback = func(t *provider.Target, f provider.Feedback) { gw.Feedback(t, f) }
+	up, err := provider.New(pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.up = up
+	bb, err := budgetmemory.Open(budgetmemory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bm, err := budget.New(bb, budget.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.budgets = bm
+	h.teamA = &Tenant{Name: "team-a"}
+	h.batch = &Tenant{Name: "batch-jobs", Priority: ratelimit.Batch}
+	opt := Options{
+		Route: func(model string) ([]string, bool) {
+			switch model {
+			case "fast":
+				return []string{"sim/gpt-4.1-mini"}, true
+			case "gpt-4.1", "gpt-4.1-mini", "text-embedding-3-small":
+				return []string{"sim/" + model}, true
+			}
+			return nil, false
+		},
+		Limiter:  ratelimit.New(rlmemory.New(clock.Real{})),
+		Budgets:  bm,
+		Upstream: up,
+		Tenants:  map[string]*Tenant{sha(tenantKey): h.teamA, sha(batchKey): h.batch},
+		Logger:   log,
+		AdminTokenSHA256: sha(adminToken),
+	}
+	for _, m := range simModels {
+		opt.Deployments = append(opt.Deployments, Deployment{
+			Name: "sim/" + m, Provider: "sim", Model: m,
+			Target: provider.Target{Name: "sim/" + m, BaseURL: h.simURL, APIKey: providerKey},
+		})
+		opt.Models = append(opt.Models, Model{ID: m, OwnedBy: "sim"})
+	}
+	opt.Models = append(opt.Models, Model{ID: "fast", OwnedBy: "llmgate"})
+	if hc.edit != nil {
+		hc.edit(&opt, h)
+	}
+	gw, err = New(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.gw = gw
+	srv := httptest.NewServer(gw.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := gw.Close(ctx); err != nil {
+			t.Errorf("gateway close: %v", err)
+		}
+		if strings.Contains(h.logs.String(), providerKey) || strings.Contains(h.logs.String(), tenantKey) {
+			t.Errorf("a key appeared in the logs:\n%s", h.logs.String())
+		}
+	})
+	h.url = srv.URL
+	return h
+}
+
+// client returns an official SDK client for the gateway with key.
+func (h *harness) client(key string) openai.Client {
+	return openai.NewClient(
+		option.WithBaseURL(h.url+"/v1/"),
+		option.WithAPIKey(key),
+		option.WithMaxRetries(0),
+	)
+}
+
+// post sends a raw request to the gateway.
+func (h *harness) post(path, key, body string, hdr ...string) *http.Response {
+	h.t.Helper()
+	req, err := http.NewRequestWithContext(h.t.Context(), http.MethodPost, h.url+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp
+}

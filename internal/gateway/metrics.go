@@ -1,0 +1,93 @@
+package gateway
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/llmgate/llmgate/internal/openai"
+)
+
+// metrics are the gateway's Prometheus series. Label values are bounded by
+// configuration (tenants, models, deployments), never by client input:
+// model labels are only set for routed models.
+type metrics struct {
+	requests      *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
+	upstream      *prometheus.CounterVec
+	tokens        *prometheus.CounterVec
+	cost          *prometheus.CounterVec
+	limited       *prometheus.CounterVec
+	budgetDenied  *prometheus.CounterVec
+	fallbacks     *prometheus.CounterVec
+	feedback429   *prometheus.CounterVec
+	admissionWait prometheus.Histogram
+	settleErrors  prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_requests_total", Help: "Client requests by tenant, endpoint, model and outcome.",
+		}, []string{"tenant", "endpoint", "model", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "llmgate_request_duration_seconds", Help: "Time from request to the end of the answer.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 14),
+		}, []string{"endpoint"}),
+		upstream: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_upstream_responses_total", Help: "Upstream answers relayed, by deployment and status class.",
+		}, []string{"deployment", "status"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_tokens_total", Help: "Tokens used, by tenant, model, deployment and kind (prompt, completion).",
+		}, []string{"tenant", "model", "deployment", "kind"}),
+		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_cost_usd_total", Help: "Cost in US dollars from the price table, by tenant and model.",
+		}, []string{"tenant", "model"}),
+		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_rate_limited_total", Help: "Requests answered 429 by the gateway's limits, by scope kind and limit kind.",
+		}, []string{"scope", "kind"}),
+		budgetDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_budget_denied_total", Help: "Requests denied because the tenant's budget is used up.",
+		}, []string{"tenant"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_fallbacks_total", Help: "Requests moved to the next route target after this deployment failed.",
+		}, []string{"deployment"}),
+		feedback429: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_upstream_429_total", Help: "429 answers from providers (each one slows every replica down).",
+		}, []string{"deployment"}),
+		admissionWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "llmgate_admission_wait_seconds", Help: "Time requests waited in the rate-limit queue.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 12),
+		}),
+		settleErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgate_settle_errors_total", Help: "Finished requests whose usage could not be recorded in the store.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.upstream, m.tokens, m.cost, m.limited,
+		m.budgetDenied, m.fallbacks, m.feedback429, m.admissionWait, m.settleErrors} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// observeRequest counts a finished request. model is the model the client
+// asked for, used as a label only when it was routed (known).
+func (m *metrics) observeRequest(c *call, ep openai.Endpoint, model string) {
+	tenant := ""
+	if c.tenant != nil {
+		tenant = c.tenant.Name
+	}
+	if c.targets == nil {
+		model = "" // unknown or unrouted: never a client-chosen label value
+	}
+	m.requests.WithLabelValues(tenant, ep.String(), model, c.outcome).Inc()
+	m.duration.WithLabelValues(ep.String()).Observe(time.Since(c.start).Seconds())
+}
+
+func (g *Gateway) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})
+}

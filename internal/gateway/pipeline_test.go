@@ -1,0 +1,358 @@
+package gateway
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/internal/sim"
+)
+
+const chatBody = `{"model":"gpt-4.1","max_tokens":20,"messages":[{"role":"user","content":"Tell me about quotas."}]}`
+
+// TestConcurrencyLimitWaits: with the provider's concurrency quota
+// configured, a burst larger than it waits in the queue instead of getting
+// the provider's 429.
+func TestConcurrencyLimitWaits(t *testing.T) {
+	h := newHarness(t, harnessConfig{
+		sim: sim.Config{Concurrency: 2, TTFT: 20 * time.Millisecond},
+		edit: func(o *Options, h *harness) {
+			for i := range o.Deployments {
+				o.Deployments[i].Limits = Limits{Concurrency: 2}
+			}
+		},
+	})
+	var wg sync.WaitGroup
+	codes := make(chan int, 12)
+	for range 12 {
+		wg.Go(func() {
+			resp := h.post("/v1/chat/completions", tenantKey, chatBody)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		})
+	}
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusOK {
+			t.Fatalf("status %d", c)
+		}
+	}
+	if st := h.sim.Stats().Total; st.RateLimited != 0 || st.Calls != 12 {
+		t.Fatalf("provider saw %+v; want 12 calls and no 429", st)
+	}
+}
+
+// TestTenantRateLimit429: a tenant over its RPM with no wait gets OpenAI's
+// 429 with retry-after and x-ratelimit headers, and nothing reaches the
+// provider.
+func TestTenantRateLimit429(t *testing.T) {
+	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
+		h.teamA.Limits = Limits{RPM: 2}
+	}})
+	for i := range 2 {
+		resp := h.post("/v1/chat/completions", tenantKey, chatBody)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+		if i == 1 && resp.Header.Get("X-Ratelimit-Remaining-Requests") != "0" {
+			t.Fatalf("remaining %q after the second of 2", resp.Header.Get("X-Ratelimit-Remaining-Requests"))
+		}
+	}
+	resp := h.post("/v1/chat/completions", tenantKey, chatBody, "X-Llmgate-Max-Wait", "0")
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || !strings.Contains(string(body), "rate_limit_exceeded") {
+		t.Fatalf("status %d %s", resp.StatusCode, body)
+	}
+	if ra := resp.Header.Get("Retry-After"); ra == "" || ra == "0" {
+		t.Fatalf("retry-after %q", ra)
+	}
+	if resp.Header.Get("X-Ratelimit-Limit-Requests") != "2" {
+		t.Fatalf("headers %v", resp.Header)
+	}
+	if c := h.sim.Stats().Total.Calls; c != 2 {
+		t.Fatalf("provider calls %d, want 2", c)
+	}
+	// A wait shorter than the refill still ends in 429, after waiting.
+	start := time.Now()
+	resp = h.post("/v1/chat/completions", tenantKey, chatBody, "X-Llmgate-Max-Wait", "150ms")
+	resp.Body.Close()
+	if resp.StatusCode != 429 || time.Since(start) < 150*time.Millisecond {
+		t.Fatalf("status %d after %v", resp.StatusCode, time.Since(start))
+	}
+}
+
+// TestBudgetStop: a tenant's token budget is never overshot, and
+// exhaustion is a 429 the SDKs must not retry.
+func TestBudgetStop(t *testing.T) {
+	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
+		h.teamA.Budget = &budget.Budget{Tenant: "team-a", Period: budget.Month, Tokens: 400}
+	}})
+	ok, denied := 0, 0
+	for range 40 {
+		resp := h.post("/v1/chat/completions", tenantKey, chatBody)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case 200:
+			ok++
+		case 429:
+			denied++
+			if !strings.Contains(string(body), "insufficient_quota") || resp.Header.Get("X-Should-Retry") != "false" || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("budget 429 %v %s", resp.Header, body)
+			}
+		default:
+			t.Fatalf("status %d %s", resp.StatusCode, body)
+		}
+		if denied > 0 {
+			break
+		}
+	}
+	if ok == 0 || denied == 0 {
+		t.Fatalf("ok %d denied %d", ok, denied)
+	}
+	if err := h.gw.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := h.budgets.Spend(t.Context(), *h.teamA.Budget, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Spent.Tokens > 400 || st.Spent.Tokens == 0 {
+		t.Fatalf("spent %d tokens of a 400 budget", st.Spent.Tokens)
+	}
+	sim := h.sim.Stats().Total
+	if sim.PromptTokens+sim.CompletionTokens != st.Spent.Tokens {
+		t.Fatalf("provider counted %d tokens, budget %d", sim.PromptTokens+sim.CompletionTokens, st.Spent.Tokens)
+	}
+}
+
+// TestProvider429SlowsEveryone: a provider 429 puts the deployment in
+// cooldown, so the next request is held at the gateway, not sent.
+func TestProvider429SlowsEveryone(t *testing.T) {
+	h := newHarness(t, harnessConfig{
+		sim:      sim.Config{RPM: 1},
+		provider: provider.Config{MaxAttempts: 1},
+	})
+	resp := h.post("/v1/chat/completions", tenantKey, chatBody)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.StatusCode)
+	}
+	resp = h.post("/v1/chat/completions", tenantKey, chatBody) // the provider's 429, passed on
+	resp.Body.Close()
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("status %d headers %v", resp.StatusCode, resp.Header)
+	}
+	waitFor(t, func() bool {
+		r := h.post("/v1/chat/completions", batchKey, chatBody, "X-Llmgate-Max-Wait", "0")
+		r.Body.Close()
+		return r.StatusCode == 429
+	})
+	if st := h.sim.Stats().Total; st.RateLimited != 1 {
+		t.Fatalf("provider sent %d 429s; after the first the gateway should hold requests back", st.RateLimited)
+	}
+}
+
+// waitFor polls cond (a state read, not a synchronisation stand-in) for up
+// to 2s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 2s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// flaky wraps the simulator with a switch that makes it answer 503.
+type flaky struct {
+	next  http.Handler
+	fail  atomic.Bool
+	calls atomic.Int64
+}
+
+func (f *flaky) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.calls.Add(1)
+	if f.fail.Load() {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(503)
+		_, _ = w.Write([]byte(`{"error":{"message":"overloaded","type":"server_error","param":null,"code":null}}`))
+		return
+	}
+	f.next.ServeHTTP(w, r)
+}
+
+// TestFallbackAndBreaker: when the first target fails the alias falls back
+// to the second; after enough failures the breaker stops sending to the
+// first, and lets it back once it recovers.
+func TestFallbackAndBreaker(t *testing.T) {
+	var bad *flaky
+	h := newHarness(t, harnessConfig{
+		provider: provider.Config{MaxAttempts: 2, BreakerFailures: 2, BreakerOpenFor: 200 * time.Millisecond},
+		edit: func(o *Options, h *harness) {
+			s, _ := sim.New(sim.Config{APIKeys: []string{providerKey}})
+			bad = &flaky{next: s.Handler()}
+			bad.fail.Store(true)
+			srv := httptest.NewServer(bad)
+			h.t.Cleanup(srv.Close)
+			o.Deployments = append(o.Deployments, Deployment{
+				Name: "bad/gpt-4.1", Provider: "bad", Model: "gpt-4.1",
+				Target: provider.Target{Name: "bad/gpt-4.1", BaseURL: srv.URL + "/v1", APIKey: providerKey},
+			})
+			route := o.Route
+			o.Route = func(m string) ([]string, bool) {
+				if m == "resilient" {
+					return []string{"bad/gpt-4.1", "sim/gpt-4.1"}, true
+				}
+				return route(m)
+			}
+		},
+	})
+	body := strings.Replace(chatBody, "gpt-4.1", "resilient", 1)
+	for i := range 3 {
+		resp := h.post("/v1/chat/completions", tenantKey, body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Llmgate-Deployment") != "sim/gpt-4.1" {
+			t.Fatalf("request %d: %d via %q", i, resp.StatusCode, resp.Header.Get("X-Llmgate-Deployment"))
+		}
+	}
+	if got := h.up.State("bad/gpt-4.1"); got != "open" {
+		t.Fatalf("breaker %s after repeated failures", got)
+	}
+	before := bad.calls.Load()
+	resp := h.post("/v1/chat/completions", tenantKey, body)
+	resp.Body.Close()
+	if bad.calls.Load() != before {
+		t.Fatal("an open breaker still sent requests to the failing deployment")
+	}
+	bad.fail.Store(false)
+	waitFor(t, func() bool {
+		r := h.post("/v1/chat/completions", tenantKey, body)
+		r.Body.Close()
+		return r.Header.Get("X-Llmgate-Deployment") == "bad/gpt-4.1"
+	})
+	if got := h.up.State("bad/gpt-4.1"); got != "closed" {
+		t.Fatalf("breaker %s after recovery", got)
+	}
+}
+
+// cancelWatch wraps the simulator and reports when a request's context
+// ends before its handler returns (the gateway cancelled it).
+type cancelWatch struct {
+	next      http.Handler
+	cancelled chan struct{}
+	once      sync.Once
+}
+
+func (c *cancelWatch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.next.ServeHTTP(w, r)
+	if r.Context().Err() != nil {
+		c.once.Do(func() { close(c.cancelled) })
+	}
+}
+
+// TestStreamPassThroughAndCancel: events reach the client one by one while
+// the provider is still generating, and a client that leaves cancels the
+// upstream request.
+func TestStreamPassThroughAndCancel(t *testing.T) {
+	watch := &cancelWatch{cancelled: make(chan struct{})}
+	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
+		s, _ := sim.New(sim.Config{APIKeys: []string{providerKey}, TokenDelay: 30 * time.Millisecond})
+		watch.next = s.Handler()
+		srv := httptest.NewServer(watch)
+		h.t.Cleanup(srv.Close)
+		for i := range o.Deployments {
+			o.Deployments[i].Target.BaseURL = srv.URL + "/v1"
+		}
+	}})
+	body := `{"model":"gpt-4.1","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"Write a long story."}]}`
+	resp := h.post("/v1/chat/completions", tenantKey, body)
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("status %d %v", resp.StatusCode, resp.Header)
+	}
+	br := bufio.NewReader(resp.Body)
+	events := 0
+	for events < 3 { // several events arrive long before the answer ends
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			var chunk map[string]any
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &chunk); err != nil {
+				t.Fatalf("chunk %q: %v", line, err)
+			}
+			events++
+		}
+	}
+	resp.Body.Close()
+	select {
+	case <-watch.cancelled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream request was not cancelled after the client left")
+	}
+}
+
+// TestAdminUsage: usage per tenant, model and deployment, behind the
+// admin token.
+func TestAdminUsage(t *testing.T) {
+	h := newHarness(t, harnessConfig{})
+	resp := h.post("/v1/chat/completions", tenantKey, chatBody)
+	resp.Body.Close()
+	if err := h.gw.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	get := func(tok string) (*http.Response, string) {
+		req, _ := http.NewRequest("GET", h.url+"/admin/usage?tenant=team-a", nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		return r, string(b)
+	}
+	if r, _ := get(""); r.StatusCode != 401 {
+		t.Fatalf("no token: %d", r.StatusCode)
+	}
+	if r, _ := get(tenantKey); r.StatusCode != 401 {
+		t.Fatalf("tenant key on admin: %d", r.StatusCode)
+	}
+	r, body := get(adminToken)
+	if r.StatusCode != 200 {
+		t.Fatalf("%d %s", r.StatusCode, body)
+	}
+	var out []tenantUsage
+	if err := json.Unmarshal([]byte(body), &out); err != nil {
+		t.Fatal(err)
+	}
+	st := h.sim.Stats().Total
+	if len(out) != 1 || len(out[0].Rows) != 1 {
+		t.Fatalf("%s", body)
+	}
+	row := out[0].Rows[0]
+	if row.Model != "gpt-4.1" || row.Deployment != "sim/gpt-4.1" || row.Requests != 1 ||
+		row.PromptTokens != st.PromptTokens || row.CompletionTokens != st.CompletionTokens || row.MicroUSD <= 0 {
+		t.Fatalf("row %+v, provider %+v", row, st)
+	}
+	_ = fmt.Sprint()
+}

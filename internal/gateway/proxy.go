@@ -1,0 +1,354 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/openai"
+	"github.com/llmgate/llmgate/internal/provider"
+)
+
+// maxAnswerBytes bounds a non-streamed upstream answer held in memory.
+const maxAnswerBytes = 64 << 20
+
+// settleTimeout bounds the store calls that record a finished request.
+const settleTimeout = 10 * time.Second
+
+// run reserves budget, admits the request on a deployment, calls it (falling
+// back along the route when a target fails) and relays the answer.
+func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call) {
+	res, aerr := g.reserveBudget(ctx, c)
+	if aerr != nil {
+		aerr.Write(w)
+		return
+	}
+	settled := false
+	defer func() {
+		if !settled && res.Hold != (budget.Amount{}) {
+			g.releaseBudget(res)
+		}
+	}()
+
+	var cands []*deployment
+	for _, t := range c.targets {
+		cands = append(cands, g.available(t)...)
+	}
+	if len(cands) == 0 {
+		c.outcome = "unavailable"
+		errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "upstream_unavailable", "",
+			"Every deployment serving '%s' is failing right now (circuit breaker open). Retry shortly.", c.req.Model).Write(w)
+		return
+	}
+	bodies := make(map[string][]byte, 1) // upstream body per upstream model
+	var lastErr *apiError
+	for len(cands) > 0 {
+		// Fall back along the route: the first target's deployments
+		// first; a failed deployment is dropped and the next one tried.
+		adm, aerr := g.admit(ctx, c, cands[:g.sameTarget(cands)])
+		if aerr != nil {
+			aerr.Write(w)
+			return
+		}
+		body, ok := bodies[adm.dep.Model]
+		if !ok {
+			var err error
+			if body, err = g.upstreamBody(c, adm.dep.Model); err != nil {
+				g.refund(adm)
+				openai.BadRequest("", "The request body could not be prepared for the provider: %s.", err.Error()).Write(w)
+				c.outcome = "bad_request"
+				return
+			}
+			bodies[adm.dep.Model] = body
+		}
+		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, provider.Request{
+			Path:   c.req.Endpoint.Path(),
+			Body:   body,
+			Header: upstreamHeader(r, c),
+			Stream: c.req.Stream,
+		})
+		last := len(cands) == 1
+		if err != nil {
+			g.refund(adm)
+			if ctx.Err() != nil {
+				g.cancelled(c, ctx).Write(w)
+				return
+			}
+			lastErr = g.upstreamError(c, adm.dep, err)
+			cands = drop(cands, adm.dep)
+			continue
+		}
+		if !last && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
+			// Another target may answer; this one's answer is dropped.
+			g.metrics.fallbacks.WithLabelValues(adm.dep.Name).Inc()
+			drain(resp)
+			g.refund(adm)
+			cands = drop(cands, adm.dep)
+			continue
+		}
+		settled = true
+		g.relay(ctx, w, c, adm, res, resp)
+		return
+	}
+	if lastErr == nil {
+		lastErr = errf(http.StatusBadGateway, openai.TypeUpstream, "upstream_error", "", "No deployment could answer the request.")
+	}
+	lastErr.Write(w)
+}
+
+// sameTarget returns how many leading candidates share the first one's
+// route target (they are its keys).
+func (g *Gateway) sameTarget(cands []*deployment) int {
+	n := 1
+	for n < len(cands) && cands[n].Provider == cands[0].Provider && cands[n].Model == cands[0].Model {
+		n++
+	}
+	return n
+}
+
+func drop(cands []*deployment, d *deployment) []*deployment {
+	out := cands[:0:0]
+	for _, c := range cands {
+		if c != d {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// upstreamBody is the client's body as the deployment must receive it: the
+// provider's model name, and usage reporting switched on for streams.
+func (g *Gateway) upstreamBody(c *call, model string) ([]byte, error) {
+	set := map[string]json.RawMessage{}
+	if model != c.req.Model {
+		m, _ := json.Marshal(model)
+		set["model"] = m
+	}
+	if c.req.Stream && !c.req.IncludeUsage && c.req.Endpoint != openai.Embeddings {
+		so, err := openai.StreamOptionsWithUsage(c.body)
+		if err != nil {
+			return nil, errors.New("stream_options is not an object")
+		}
+		set["stream_options"] = so
+	}
+	if len(set) == 0 {
+		return c.body, nil
+	}
+	return openai.Rewrite(c.body, set)
+}
+
+// forwardHeaders are the client headers passed to the provider; the rest
+// (the client's key above all) stay here.
+var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta", "X-Fencing-Token"}
+
+func upstreamHeader(r *http.Request, c *call) http.Header {
+	h := make(http.Header, len(forwardHeaders)+1)
+	for _, k := range forwardHeaders {
+		if v, ok := r.Header[k]; ok {
+			h[k] = v
+		}
+	}
+	if h.Get("Content-Type") == "" {
+		h["Content-Type"] = []string{"application/json"}
+	}
+	h["X-Request-Id"] = []string{c.id}
+	return h
+}
+
+// upstreamError maps a failed upstream call to the client's error.
+func (g *Gateway) upstreamError(c *call, dep *deployment, err error) *apiError {
+	g.log.Warn("upstream call failed", "request_id", c.id, "deployment", dep.Name, "err", err)
+	switch {
+	case errors.Is(err, provider.ErrBreakerOpen):
+		c.outcome = "unavailable"
+		return errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "upstream_unavailable", "",
+			"The provider of '%s' is failing right now (circuit breaker open). Retry shortly.", c.req.Model)
+	case errors.Is(err, provider.ErrTimeout):
+		c.outcome = "upstream_timeout"
+		return errf(http.StatusGatewayTimeout, openai.TypeTimeout, "upstream_timeout", "",
+			"The provider did not answer in time.")
+	default:
+		c.outcome = "upstream_error"
+		return errf(http.StatusBadGateway, openai.TypeUpstream, "upstream_unreachable", "",
+			"The provider could not be reached.")
+	}
+}
+
+// skipResponseHeaders are upstream headers not relayed: hop-by-hop ones,
+// ones the gateway sets itself, and ones that describe the provider account.
+var skipResponseHeaders = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
+	"Upgrade": true, "Te": true, "Trailer": true, "Content-Length": true, "Set-Cookie": true,
+	"X-Request-Id": true, "Openai-Organization": true, "Openai-Project": true,
+	"X-Ratelimit-Limit-Requests": true, "X-Ratelimit-Remaining-Requests": true, "X-Ratelimit-Reset-Requests": true,
+	"X-Ratelimit-Limit-Tokens": true, "X-Ratelimit-Remaining-Tokens": true, "X-Ratelimit-Reset-Tokens": true,
+}
+
+func copyResponseHeader(dst, src http.Header) {
+	for k, v := range src {
+		if skipResponseHeaders[k] {
+			continue
+		}
+		dst[k] = v
+	}
+	if id := src["X-Request-Id"]; len(id) > 0 {
+		dst["X-Upstream-Request-Id"] = id
+	}
+}
+
+// relay sends the provider's answer to the client and settles the usage.
+func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm admitted, res budget.Reservation, resp *http.Response) {
+	defer resp.Body.Close()
+	h := w.Header()
+	copyResponseHeader(h, resp.Header)
+	setRateHeaders(h, adm.decision.Limits)
+	h["X-Llmgate-Deployment"] = []string{adm.dep.Name}
+	g.metrics.upstream.WithLabelValues(adm.dep.Name, statusClass(resp.StatusCode)).Inc()
+
+	if resp.StatusCode == http.StatusOK && c.req.Stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		g.relayStream(ctx, w, c, adm, res, resp)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	if err != nil || len(body) > maxAnswerBytes {
+		g.opt.Upstream.ReportFailure(&adm.dep.Target)
+		g.finish(c, adm, res, nil, false)
+		if ctx.Err() != nil {
+			g.cancelled(c, ctx).Write(w)
+			return
+		}
+		c.outcome = "upstream_error"
+		for k := range h {
+			if k != "X-Request-Id" {
+				delete(h, k)
+			}
+		}
+		errf(http.StatusBadGateway, openai.TypeUpstream, "upstream_error", "",
+			"The provider's answer could not be read.").Write(w)
+		return
+	}
+	var usage *openai.Usage
+	if resp.StatusCode/100 == 2 {
+		c.outcome = "ok"
+		usage = openai.ParseUsage(body)
+		if usage == nil {
+			// No usage in the answer: charge the prompt estimate, the
+			// one part known to have been processed.
+			usage = &openai.Usage{PromptTokens: c.promptEstimate}
+		}
+	} else {
+		c.outcome = "upstream_" + statusClass(resp.StatusCode)
+	}
+	h["Content-Length"] = []string{itoa(int64(len(body)))}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(body)
+	g.finish(c, adm, res, usage, false)
+}
+
+// relayStream passes an SSE answer through event by event, flushing each,
+// and settles what the stream used.
+func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *call, adm admitted, res budget.Reservation, resp *http.Response) {
+	rc := http.NewResponseController(w)
+	w.WriteHeader(resp.StatusCode)
+	_ = rc.Flush()
+	c.outcome = "ok"
+
+	// The idle timer cuts an upstream that stops sending.
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	idle := time.AfterFunc(g.opt.IdleTimeout, func() { cancel(errIdle) })
+	defer idle.Stop()
+	stop := context.AfterFunc(sctx, func() { resp.Body.Close() })
+	defer stop()
+
+	var (
+		usage    *openai.Usage
+		content  int64
+		renewAt  = time.Now().Add(holdRenewal)
+		er       = openai.NewEventReader(resp.Body)
+		clientOK = true
+		sawDone  bool
+	)
+	for {
+		raw, data, err := er.Next()
+		idle.Reset(g.opt.IdleTimeout)
+		if data != nil {
+			ch := openai.ParseChunk(data)
+			switch {
+			case ch.Done:
+				sawDone = true
+			case ch.Usage != nil:
+				usage = ch.Usage
+			}
+			if ch.Content {
+				content++
+			}
+			if ch.UsageOnly && !c.req.IncludeUsage {
+				raw = nil // the client did not ask for the usage chunk
+			}
+		}
+		if len(raw) > 0 && clientOK && err == nil {
+			if _, werr := w.Write(raw); werr != nil || rc.Flush() != nil {
+				clientOK = false
+				break // the client left: cancelling ctx stops the upstream
+			}
+		}
+		if err != nil {
+			break
+		}
+		if now := time.Now(); now.After(renewAt) && adm.decision.ID != "" {
+			renewAt = now.Add(holdRenewal)
+			ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_ = g.opt.Limiter.Extend(ectx, adm.decision.ID, reservationHold)
+			ecancel()
+		}
+	}
+	complete := sawDone || usage != nil
+	if !complete {
+		switch {
+		case !clientOK || (ctx.Err() != nil && !errors.Is(context.Cause(sctx), errIdle)):
+			c.outcome = "cancelled"
+		default:
+			// The provider broke the stream: tell the client in-band, the
+			// way OpenAI reports errors inside a stream.
+			c.outcome = "upstream_stream_broken"
+			g.opt.Upstream.ReportFailure(&adm.dep.Target)
+			e := errf(http.StatusBadGateway, openai.TypeUpstream, "stream_interrupted", "", "The provider's stream ended unexpectedly.")
+			if clientOK {
+				_, _ = w.Write(append(append([]byte("data: "), e.Body()...), '\n'))
+				_ = rc.Flush()
+			}
+		}
+	}
+	if usage == nil {
+		// Charge what is known to have been used: the prompt and the
+		// output chunks streamed so far (about one token each).
+		usage = &openai.Usage{PromptTokens: c.promptEstimate, CompletionTokens: content}
+	}
+	g.finish(c, adm, res, usage, true)
+}
+
+var errIdle = errors.New("gateway: upstream stream idle for too long")
+
+func drain(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+}
+
+func statusClass(code int) string {
+	switch {
+	case code == http.StatusTooManyRequests:
+		return "429"
+	case code >= 500:
+		return "5xx"
+	case code >= 400:
+		return "4xx"
+	default:
+		return "2xx"
+	}
+}

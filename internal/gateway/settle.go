@@ -1,0 +1,139 @@
+package gateway
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/openai"
+	"github.com/llmgate/llmgate/ratelimit"
+)
+
+// finish records a relayed request: the rate limits are settled with the
+// real token count and the budget is charged (or released when usage is nil:
+// the provider refused the request). It runs after the answer reached the
+// client, in the background; Close waits for it.
+func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *openai.Usage, stream bool) {
+	model := adm.dep.Model
+	if usage != nil {
+		g.metrics.tokens.WithLabelValues(c.tenant.Name, model, adm.dep.Name, "prompt").Add(float64(usage.PromptTokens))
+		g.metrics.tokens.WithLabelValues(c.tenant.Name, model, adm.dep.Name, "completion").Add(float64(usage.CompletionTokens))
+	}
+	g.pending.Add(1)
+	go func() {
+		defer g.pending.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		defer cancel()
+		g.settleLimits(ctx, c, adm, usage)
+		if usage == nil {
+			if res.Hold != (budget.Amount{}) {
+				if err := g.opt.Budgets.Release(ctx, res); err != nil {
+					g.log.Warn("budget release failed; the hold expires by itself", "request_id", c.id, "err", err)
+				}
+			}
+			return
+		}
+		rec := budget.Record{
+			Model:      model,
+			Deployment: adm.dep.Name,
+			Usage: budget.Usage{
+				PromptTokens:     usage.PromptTokens,
+				CompletionTokens: usage.CompletionTokens,
+				CachedTokens:     usage.Cached(),
+			},
+		}
+		s, err := g.settleBudget(ctx, res, rec)
+		if err != nil {
+			g.metrics.settleErrors.Inc()
+			g.log.Error("usage could not be recorded", "request_id", c.id, "tenant", c.tenant.Name, "err", err)
+			return
+		}
+		g.metrics.cost.WithLabelValues(c.tenant.Name, model).Add(float64(s.Record.MicroUSD) / 1e6)
+	}()
+}
+
+// settleBudget charges rec, retrying store failures within ctx: a settle is
+// the only record of money spent, and a retry cannot charge twice.
+func (g *Gateway) settleBudget(ctx context.Context, res budget.Reservation, rec budget.Record) (budget.Settled, error) {
+	backoff := 50 * time.Millisecond
+	for {
+		s, err := g.opt.Budgets.Settle(ctx, res, rec)
+		if err == nil || ctx.Err() != nil {
+			return s, err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return s, err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// settleLimits replaces the token estimate by what was used; with usage nil
+// the request counts but its tokens are refunded.
+func (g *Gateway) settleLimits(ctx context.Context, c *call, adm admitted, usage *openai.Usage) {
+	if adm.decision.ID == "" {
+		return
+	}
+	actual := make([]int64, len(adm.charges))
+	used := int64(0)
+	if usage != nil {
+		used = usage.PromptTokens + usage.CompletionTokens
+	}
+	for i, ch := range adm.charges {
+		if ch.Limit.Kind == ratelimit.Tokens {
+			actual[i] = min(used, ratelimit.MaxAmount)
+		} else {
+			actual[i] = ch.Cost
+		}
+	}
+	if err := g.opt.Limiter.Settle(ctx, adm.decision.ID, actual); err != nil {
+		g.log.Warn("rate-limit settle failed; the estimate stands", "request_id", c.id, "err", err)
+	}
+}
+
+// refund gives back an admission that never reached the provider.
+func (g *Gateway) refund(adm admitted) {
+	if adm.decision.ID == "" {
+		return
+	}
+	g.pending.Add(1)
+	go func() {
+		defer g.pending.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		defer cancel()
+		if err := g.opt.Limiter.Refund(ctx, adm.decision.ID); err != nil {
+			g.log.Warn("rate-limit refund failed; the reservation expires by itself", "err", err)
+		}
+	}()
+}
+
+func (g *Gateway) releaseBudget(res budget.Reservation) {
+	g.pending.Add(1)
+	go func() {
+		defer g.pending.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		defer cancel()
+		if err := g.opt.Budgets.Release(ctx, res); err != nil {
+			g.log.Warn("budget release failed; the hold expires by itself", "err", err)
+		}
+	}()
+}
+
+// Close waits until every finished request has been recorded, or ctx ends.
+func (g *Gateway) Close(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { g.pending.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,322 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+)
+
+// Endpoint is an API route the gateway proxies.
+type Endpoint uint8
+
+// The proxied endpoints.
+const (
+	ChatCompletions Endpoint = iota + 1
+	Completions
+	Embeddings
+)
+
+// Path returns the endpoint's path below the API base ("/chat/completions").
+func (e Endpoint) Path() string {
+	switch e {
+	case ChatCompletions:
+		return "/chat/completions"
+	case Completions:
+		return "/completions"
+	case Embeddings:
+		return "/embeddings"
+	}
+	return ""
+}
+
+func (e Endpoint) String() string {
+	switch e {
+	case ChatCompletions:
+		return "chat"
+	case Completions:
+		return "completions"
+	case Embeddings:
+		return "embeddings"
+	}
+	return "unknown"
+}
+
+// Request is what the gateway reads from a request body; the body itself is
+// forwarded unchanged apart from the fields Rewrite sets.
+type Request struct {
+	Endpoint Endpoint
+	Model    string
+	Stream   bool
+	// IncludeUsage is stream_options.include_usage as the client sent it.
+	IncludeUsage bool
+	// MaxTokens is max_completion_tokens, else max_tokens; 0 when neither.
+	MaxTokens int64
+	// N is the number of choices asked for (default 1).
+	N int64
+	// Messages and Tools are the raw chat fields (nil when absent);
+	// Tools falls back to the legacy "functions".
+	Messages, Tools json.RawMessage
+	// Input is the embeddings "input" or the completions "prompt".
+	Input json.RawMessage
+	// Temperature is the sampling temperature, nil when absent.
+	Temperature *float64
+}
+
+// wireRequest holds every endpoint's fields at once; unknown fields are
+// ignored (they are forwarded untouched).
+type wireRequest struct {
+	Model                                     *string
+	Stream, IncludeUsage                      *bool
+	MaxTokens, MaxCompletionTokens, N         *int64
+	Temperature                               *float64
+	Messages, Tools, Functions, Input, Prompt json.RawMessage
+}
+
+// decode fills w from the members of a request object. It goes through a map
+// and not struct tags because encoding/json matches struct fields without
+// regard to case: {"stream":true,"STREAM":false} would read as false here
+// while the provider, which matches names exactly, streams (and the gateway
+// would miss the stream's usage). With a map the gateway reads exactly the
+// members the provider reads; of duplicated names the last wins, as in the
+// provider's parser.
+func (w *wireRequest) decode(m map[string]json.RawMessage) *Error {
+	for _, f := range [...]struct {
+		name string
+		dst  any
+	}{
+		{"model", &w.Model}, {"stream", &w.Stream}, {"max_tokens", &w.MaxTokens},
+		{"max_completion_tokens", &w.MaxCompletionTokens}, {"n", &w.N}, {"temperature", &w.Temperature},
+	} {
+		if err := decodeMember(m, f.name, f.name, f.dst); err != nil {
+			return err
+		}
+	}
+	if raw := m["stream_options"]; !isNull(raw) {
+		var so map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &so); err != nil {
+			return typeError("stream_options", err)
+		}
+		if err := decodeMember(so, "include_usage", "stream_options.include_usage", &w.IncludeUsage); err != nil {
+			return err
+		}
+	}
+	w.Messages, w.Tools, w.Functions = m["messages"], m["tools"], m["functions"]
+	w.Input, w.Prompt = m["input"], m["prompt"]
+	return nil
+}
+
+// decodeMember decodes m[name], when present, into dst; param names it in
+// the error.
+func decodeMember(m map[string]json.RawMessage, name, param string, dst any) *Error {
+	raw, ok := m[name]
+	if !ok {
+		return nil
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return typeError(param, err)
+	}
+	return nil
+}
+
+// typeError is the 400 for a member of the wrong type (its JSON is valid:
+// it came out of a decoded object).
+func typeError(param string, err error) *Error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return BadRequest(param, "Invalid type for '%s': got %s.", param, te.Value)
+	}
+	return BadRequest(param, "Invalid value for '%s'.", param)
+}
+
+// ErrRewrite is returned by Rewrite for a body or value that is not JSON.
+var ErrRewrite = errors.New("openai: rewrite")
+
+// MaxChoices bounds n: it multiplies the completion estimate.
+const MaxChoices = 128
+
+// ParseRequest reads the fields the gateway needs from a body sent to ep.
+// It checks only what the gateway relies on; the provider validates the rest.
+func ParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return nil, BadRequest("", "The request body is empty. The API expects a JSON object.")
+	}
+	if trimmed[0] != '{' {
+		return nil, BadRequest("", "The request body must be a JSON object.")
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &m); err != nil {
+		return nil, decodeError(err)
+	}
+	var w wireRequest
+	if err := w.decode(m); err != nil {
+		return nil, err
+	}
+	r := &Request{Endpoint: ep, N: 1, Temperature: w.Temperature}
+	if w.Model == nil || *w.Model == "" {
+		return nil, BadRequest("model", "You must provide a model parameter.")
+	}
+	r.Model = *w.Model
+	if w.Stream != nil {
+		r.Stream = *w.Stream
+	}
+	if w.IncludeUsage != nil {
+		r.IncludeUsage = *w.IncludeUsage
+	}
+	for _, p := range []struct {
+		name string
+		v    *int64
+	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompletionTokens}} {
+		if p.v != nil && (*p.v < 1 || *p.v > 1<<40) {
+			return nil, BadRequest(p.name, "Invalid '%s': expected an integer >= 1, got %d.", p.name, *p.v)
+		}
+	}
+	switch {
+	case w.MaxCompletionTokens != nil:
+		r.MaxTokens = *w.MaxCompletionTokens
+	case w.MaxTokens != nil:
+		r.MaxTokens = *w.MaxTokens
+	}
+	if w.N != nil {
+		if *w.N < 1 || *w.N > MaxChoices {
+			return nil, BadRequest("n", "Invalid 'n': expected an integer from 1 to %d, got %d.", MaxChoices, *w.N)
+		}
+		r.N = *w.N
+	}
+	switch ep {
+	case ChatCompletions:
+		if isNull(w.Messages) {
+			return nil, BadRequest("messages", "Missing required parameter: 'messages'.")
+		}
+		if w.Messages[0] != '[' {
+			return nil, BadRequest("messages", "Invalid type for 'messages': expected an array of message objects.")
+		}
+		r.Messages = w.Messages
+		r.Tools = w.Tools
+		if isNull(r.Tools) {
+			r.Tools = w.Functions
+		}
+		if isNull(r.Tools) {
+			r.Tools = nil
+		}
+	case Completions:
+		if isNull(w.Prompt) {
+			return nil, BadRequest("prompt", "Missing required parameter: 'prompt'.")
+		}
+		r.Input = w.Prompt
+	case Embeddings:
+		if isNull(w.Input) {
+			return nil, BadRequest("input", "Missing required parameter: 'input'.")
+		}
+		if r.Stream {
+			return nil, BadRequest("stream", "Embeddings cannot be streamed.")
+		}
+		r.Input = w.Input
+	}
+	return r, nil
+}
+
+func isNull(raw json.RawMessage) bool {
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// decodeError turns a JSON decoding failure into a 400 naming the field.
+func decodeError(err error) *Error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return BadRequest(te.Field, "Invalid type for '%s': got %s.", te.Field, te.Value)
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return BadRequest("", "We could not parse the JSON body of your request (syntax error at byte %d). The API expects a JSON object.", se.Offset)
+	}
+	return BadRequest("", "We could not parse the JSON body of your request. The API expects a JSON object.")
+}
+
+// Rewrite returns body with the top-level fields in set replaced or added
+// (values are raw JSON). Other fields, their order and their bytes are kept
+// (not the spaces between them). A field of set that body has more than once
+// keeps the first place and only the new value. The error is ErrRewrite when
+// body is not one complete JSON object or a value in set is not JSON.
+func Rewrite(body []byte, set map[string]json.RawMessage) ([]byte, error) {
+	for key, v := range set {
+		if !json.Valid(v) {
+			return nil, fmt.Errorf("%w: the value for %q is not JSON", ErrRewrite, key)
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, fmt.Errorf("%w: body is not a JSON object", ErrRewrite)
+	}
+	out := make([]byte, 0, len(body)+64)
+	out = append(out, '{')
+	done := make(map[string]bool, len(set))
+	first := true
+	for dec.More() {
+		start := dec.InputOffset()
+		t, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrRewrite, err)
+		}
+		key, _ := t.(string)
+		// The key as written (the separator and spaces before it trimmed):
+		// re-encoding the decoded key would change escapes and bad UTF-8.
+		rawKey := bytes.TrimLeft(body[start:dec.InputOffset()], ", \t\r\n")
+		var val json.RawMessage
+		if err := dec.Decode(&val); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrRewrite, err)
+		}
+		if done[key] {
+			continue // a duplicate of a key we set: drop it so ours wins everywhere
+		}
+		if v, ok := set[key]; ok {
+			val, done[key] = v, true
+		}
+		out = appendMember(out, rawKey, val, first)
+		first = false
+	}
+	// More stops at the end of the input and on a syntax error as well as at
+	// the closing brace: insist on the brace and on nothing after it, so a
+	// truncated body is an error and not silently completed.
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return nil, fmt.Errorf("%w: body is not a complete JSON object", ErrRewrite)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: data after the JSON object", ErrRewrite)
+	}
+	for _, key := range slices.Sorted(maps.Keys(set)) { // sorted: the same input always gives the same bytes
+		if !done[key] {
+			out = appendMember(out, appendString(nil, key), set[key], first)
+			first = false
+		}
+	}
+	return append(out, '}'), nil
+}
+
+func appendMember(out, key []byte, val json.RawMessage, first bool) []byte {
+	if !first {
+		out = append(out, ',')
+	}
+	out = append(out, key...)
+	out = append(out, ':')
+	return append(out, val...)
+}
+
+// StreamOptionsWithUsage returns the stream_options value to send upstream
+// so that the provider reports usage at the end of a stream: the client's
+// own options (raw, may be nil) with include_usage set to true.
+func StreamOptionsWithUsage(body []byte) (json.RawMessage, error) {
+	var m map[string]json.RawMessage // a map: names match exactly, as upstream
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, fmt.Errorf("openai: stream options: %w", err)
+	}
+	so := m["stream_options"]
+	if isNull(so) {
+		return json.RawMessage(`{"include_usage":true}`), nil
+	}
+	return Rewrite(so, map[string]json.RawMessage{"include_usage": json.RawMessage("true")})
+}

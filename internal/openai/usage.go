@@ -1,0 +1,124 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Usage is the token usage a provider reports in an answer.
+type Usage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+	// PromptTokensDetails.CachedTokens is the part of the prompt served
+	// from the provider's prompt cache.
+	PromptTokensDetails *struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"prompt_tokens_details,omitempty"`
+}
+
+// Cached returns the cached prompt tokens (0 when not reported).
+func (u *Usage) Cached() int64 {
+	if u.PromptTokensDetails == nil {
+		return 0
+	}
+	return u.PromptTokensDetails.CachedTokens
+}
+
+// valid reports whether the counts are usable for accounting.
+func (u *Usage) valid() bool {
+	return u.PromptTokens >= 0 && u.CompletionTokens >= 0 && u.Cached() >= 0 &&
+		u.PromptTokens < 1<<40 && u.CompletionTokens < 1<<40 && u.Cached() <= u.PromptTokens
+}
+
+// ParseUsage returns the "usage" of a JSON answer (chat, completions or
+// embeddings), or nil when it has none or it cannot be read.
+func ParseUsage(body []byte) *Usage {
+	var w struct {
+		Usage *Usage `json:"usage"`
+	}
+	if err := json.Unmarshal(body, &w); err != nil || w.Usage == nil || !w.Usage.valid() {
+		return nil
+	}
+	return w.Usage
+}
+
+// Chunk is what the gateway learns from one SSE data payload of a stream.
+type Chunk struct {
+	// Done is the "[DONE]" sentinel.
+	Done bool
+	// Usage is the chunk's usage when it carries one (the final chunk of a
+	// stream asked for with include_usage).
+	Usage *Usage
+	// UsageOnly is set when the chunk exists only to carry usage (its
+	// "choices" array is empty): a client that did not ask for usage must
+	// not see it.
+	UsageOnly bool
+	// Content reports whether the chunk carries generated output (a
+	// content, text, refusal or tool-call delta); such chunks are counted
+	// when a stream ends before the provider reported its usage.
+	Content bool
+}
+
+var (
+	doneData = []byte("[DONE]")
+	usageKey = []byte(`"usage"`)
+	// contentKeys name the deltas that carry generated output.
+	contentKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"refusal"`), []byte(`"arguments"`)}
+)
+
+// ParseChunk inspects one SSE data payload. Only chunks whose usage is an
+// object are decoded; the others are scanned, so the pass-through stays
+// cheap even though every chunk of an include_usage stream has "usage":null.
+func ParseChunk(data []byte) Chunk {
+	data = bytes.TrimSpace(data)
+	if bytes.Equal(data, doneData) {
+		return Chunk{Done: true}
+	}
+	var c Chunk
+	for _, k := range contentKeys {
+		if hasMember(data, k, isNonEmptyString) {
+			c.Content = true
+			break
+		}
+	}
+	if !hasMember(data, usageKey, isObject) {
+		return c
+	}
+	var w struct {
+		Choices []json.RawMessage `json:"choices"`
+		Usage   *Usage            `json:"usage"`
+	}
+	if err := json.Unmarshal(data, &w); err != nil || w.Usage == nil || !w.Usage.valid() {
+		return c
+	}
+	c.Usage = w.Usage
+	c.UsageOnly = len(w.Choices) == 0
+	return c
+}
+
+// hasMember reports whether some `key: value` in data has a value for which
+// ok, given the bytes from the value on, is true. It looks at every
+// occurrence (one choice may have an empty delta and the next a full one) and
+// allows whitespace around the colon, as providers that pretty-print send.
+// A quoted key can only match outside JSON strings: inside them quotes are
+// escaped.
+func hasMember(data, key []byte, ok func(value []byte) bool) bool {
+	for { // bounded: every round drops at least len(key) bytes
+		i := bytes.Index(data, key)
+		if i < 0 {
+			return false
+		}
+		data = data[i+len(key):]
+		v := bytes.TrimLeft(data, jsonSpace)
+		if len(v) > 0 && v[0] == ':' && ok(bytes.TrimLeft(v[1:], jsonSpace)) {
+			return true
+		}
+	}
+}
+
+const jsonSpace = " \t\r\n"
+
+func isNonEmptyString(v []byte) bool { return len(v) > 1 && v[0] == '"' && v[1] != '"' }
+
+func isObject(v []byte) bool { return len(v) > 0 && v[0] == '{' }

@@ -1,0 +1,684 @@
+// Package provider calls upstream OpenAI-compatible APIs with retries, a circuit breaker per deployment and timeouts learned from each deployment's latency.
+//
+// Client.Do sends one request to one Target (a provider key + model). It
+// retries 429, 500, 502, 503, 504, 529 and connection errors with
+// exponential backoff and full jitter, waiting at least what the upstream
+// asked for (retry-after-ms, retry-after), and never past the caller's
+// deadline: when the wait does not fit, the last response is returned as
+// it came so the gateway can pass it on. Each target has a circuit breaker
+// (consecutive failed calls open it; after a pause one trial call decides)
+// and an adaptive time-to-headers timeout learned from its recent
+// latencies. Every response's rate-limit headers are reported through
+// Config.Feedback. Errors and logs never contain a target's API key.
+package provider
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Errors returned by this package. Every error Do returns wraps exactly one
+// of ErrBreakerOpen, ErrTimeout, ErrUnreachable or ErrInvalidRequest.
+var (
+	// ErrBreakerOpen means the target's circuit breaker is open (or its
+	// half-open trial is in flight): nothing was sent.
+	ErrBreakerOpen = errors.New("provider: circuit breaker open")
+	// ErrTimeout means the upstream sent no response headers within the
+	// target's adaptive timeout, or the caller's deadline passed (then the
+	// error also wraps context.DeadlineExceeded).
+	ErrTimeout = errors.New("provider: upstream timed out")
+	// ErrUnreachable means the upstream could not be reached or dropped the
+	// connection; the transport's error is wrapped. It also marks a call
+	// the caller cancelled (with context.Canceled wrapped).
+	ErrUnreachable = errors.New("provider: upstream unreachable")
+	// ErrInvalidRequest means the target or request cannot be sent (no
+	// target, a base URL that is not http(s), a bad method): a
+	// configuration or programming error, never retried.
+	ErrInvalidRequest = errors.New("provider: invalid target or request")
+	// ErrInvalidConfig wraps every problem Config.Validate finds.
+	ErrInvalidConfig = errors.New("provider: invalid config")
+)
+
+// Target is one deployment: a provider key and a model.
+type Target struct {
+	// Name labels metrics and logs and keys the breaker and the latency
+	// history, e.g. "openai#2/gpt-4.1".
+	Name string
+	// BaseURL is the API root, e.g. "https://api.openai.com/v1"; a
+	// trailing slash is ignored.
+	BaseURL string
+	// APIKey is sent as "Authorization: Bearer APIKEY" (none when empty).
+	// It is a secret: never logged, never in an error, never printed.
+	APIKey string
+	// Header holds extra static headers for this deployment (may be nil),
+	// e.g. OpenAI-Organization. They override the caller's headers, and an
+	// APIKey overrides their Authorization.
+	Header http.Header
+}
+
+// String returns the target's name and base URL (without any userinfo).
+func (t Target) String() string { return fmt.Sprintf("%s (%s)", t.Name, redactURL(t.BaseURL)) }
+
+// Format prints String for every verb, so that %#v or %d cannot reveal the key.
+func (t Target) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, t.String()) }
+
+// LogValue logs the name and base URL only.
+func (t Target) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("name", t.Name), slog.String("base_url", redactURL(t.BaseURL)))
+}
+
+// MarshalJSON writes the name and base URL only: a dumped target never
+// carries its key or headers.
+func (t Target) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Name    string `json:"name"`
+		BaseURL string `json:"base_url"`
+	}{t.Name, redactURL(t.BaseURL)})
+}
+
+// Request is one upstream call.
+type Request struct {
+	// Method defaults to POST.
+	Method string
+	// Path is appended to the target's BaseURL, e.g. "/chat/completions";
+	// it may carry a query string.
+	Path string
+	// Body is sent as is, and again on each retry. It must not be modified
+	// until the response body is closed.
+	Body []byte
+	// Header holds the client headers to forward (filtered by the gateway);
+	// may be nil. Authorization is never forwarded: the target's key
+	// replaces it.
+	Header http.Header
+	// Stream marks a streaming call. Its time to headers (the time to the
+	// first token, roughly) is tracked apart from non-streaming calls (the
+	// whole generation), so that neither skews the other's timeout.
+	Stream bool
+}
+
+// Result tells how a Do call went.
+type Result struct {
+	// Attempts is the number of requests sent (0 when none was).
+	Attempts int
+	// Retried holds the status of each attempt that was retried, or 0 for a
+	// connection error or a timeout.
+	Retried []int
+	// Waited is the total time slept between attempts.
+	Waited time.Duration
+	// Latencies holds each attempt's time to headers (or to its error), in
+	// order.
+	Latencies []time.Duration
+}
+
+// Client sends requests to targets. Create it with New; it is safe for
+// concurrent use.
+type Client struct {
+	cfg    Config
+	tmo    timeouts
+	log    *slog.Logger
+	states sync.Map // target name → *targetState
+}
+
+// targetState is what the client keeps per target name.
+type targetState struct {
+	br   breaker
+	lat  [2]latency // [0] non-streaming, [1] streaming
+	auth atomic.Pointer[authHeader]
+}
+
+// authHeader caches the Authorization value of a key, so that a call does
+// not build the string again.
+type authHeader struct {
+	key   string
+	value []string
+}
+
+// New checks cfg, fills in its defaults and returns a Client.
+func New(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	cfg = cfg.withDefaults()
+	return &Client{
+		cfg: cfg,
+		tmo: timeouts{floor: cfg.TimeoutFloor, ceiling: cfg.TimeoutCeiling, multiplier: cfg.TimeoutMultiplier},
+		log: cfg.Logger,
+	}, nil
+}
+
+// CloseIdleConnections closes the transport's idle connections, if it has
+// any to close.
+func (c *Client) CloseIdleConnections() {
+	if t, ok := c.cfg.Transport.(interface{ CloseIdleConnections() }); ok {
+		t.CloseIdleConnections()
+	}
+}
+
+// state returns the state of a target name, creating it on first use.
+func (c *Client) state(name string) *targetState {
+	if v, ok := c.states.Load(name); ok {
+		return v.(*targetState)
+	}
+	st := &targetState{}
+	st.lat[0].init(c.tmo)
+	st.lat[1].init(c.tmo)
+	v, _ := c.states.LoadOrStore(name, st)
+	return v.(*targetState)
+}
+
+// lookup returns the state of a target name, or nil if it was never used.
+func (c *Client) lookup(name string) *targetState {
+	if v, ok := c.states.Load(name); ok {
+		return v.(*targetState)
+	}
+	return nil
+}
+
+// State returns the breaker state of a target name: "closed", "open" or
+// "half-open" (an open breaker whose pause is over reads as half-open).
+// A name never used is "closed".
+func (c *Client) State(name string) string {
+	st := c.lookup(name)
+	if st == nil {
+		return "closed"
+	}
+	s, _ := st.br.status(c.cfg.Clock.Now())
+	return s
+}
+
+// Available reports whether a call to the target would be sent now,
+// without taking the half-open trial.
+func (c *Client) Available(name string) bool {
+	st := c.lookup(name)
+	if st == nil {
+		return true
+	}
+	_, ok := st.br.status(c.cfg.Clock.Now())
+	return ok
+}
+
+// Timeout returns the current time-to-headers timeout of the target's
+// non-streaming calls.
+func (c *Client) Timeout(name string) time.Duration { return c.timeout(name, false) }
+
+// StreamTimeout returns the current time-to-headers timeout of the
+// target's streaming calls.
+func (c *Client) StreamTimeout(name string) time.Duration { return c.timeout(name, true) }
+
+func (c *Client) timeout(name string, stream bool) time.Duration {
+	st := c.lookup(name)
+	if st == nil {
+		return c.tmo.ceiling
+	}
+	return st.lat[b2i(stream)].current()
+}
+
+// ReportFailure counts a failure seen after Do returned (a stream that
+// broke halfway, an idle timeout) against the target's breaker. The time
+// to headers of that call stays in the latency history: it was measured.
+func (c *Client) ReportFailure(t *Target) {
+	if t == nil {
+		return
+	}
+	st := c.state(t.Name)
+	c.logTransition(t, st.br.reportFailure(c.cfg.Clock.Now(), c.cfg.BreakerFailures, c.cfg.BreakerOpenFor))
+}
+
+// attempt is the result of one request.
+type attempt struct {
+	resp *http.Response // nil on error
+	err  error          // the transport's error, or errHeaderTimeout
+	// retryable: a status or error worth another attempt.
+	retryable  bool
+	retryAfter time.Duration
+	timeout    time.Duration // the time-to-headers timeout the attempt ran with
+}
+
+// errHeaderTimeout is the cause of an attempt cancelled by its
+// time-to-headers timer.
+var errHeaderTimeout = errors.New("provider: no response headers within the adaptive timeout")
+
+// Do sends req to t, retrying 429, 500, 502, 503, 504, 529, connection
+// errors and time-to-headers timeouts (not other statuses) up to
+// MaxAttempts, with backoff and full jitter, waiting at least the
+// upstream's retry-after-ms / retry-after. A wait that would end after the
+// context's deadline, or exceeds MaxRetryWait, is not started: Do returns
+// the last response (body intact) or error instead. A 429 whose body says
+// insufficient_quota, or a response with "x-should-retry: false", is not
+// retried.
+//
+// Each attempt must receive its response headers within the target's
+// adaptive timeout (and, for a status of 400 or more, the first 64 KiB of
+// its error body, read ahead and replayed); the returned response's body is
+// then the caller's to read (bounded by ctx only) and close: closing it
+// releases the attempt's resources. The target's breaker is consulted first:
+// when open, Do returns ErrBreakerOpen at once and sends nothing; a
+// half-open breaker lets exactly one call through, with a single attempt.
+//
+// Any status that is not retried is returned with a nil error, unread. For
+// the breaker, a connection error, a timeout or a final 5xx (but 501) is a
+// failure, a 429 or the caller's cancellation counts for nothing, and any
+// other status is a success. Errors wrap one of the package's sentinels
+// and the cause, and never contain the key.
+func (c *Client) Do(ctx context.Context, t *Target, req Request) (*http.Response, Result, error) {
+	var res Result
+	if ctx == nil || t == nil {
+		return nil, res, fmt.Errorf("%w: Do needs a context and a target", ErrInvalidRequest)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, res, c.ctxError(t, err, "before sending")
+	}
+	st := c.state(t.Name)
+	base, err := c.newRequest(ctx, t, st, &req)
+	if err != nil {
+		return nil, res, err
+	}
+	tk, ok := st.br.allow(c.cfg.Clock.Now())
+	if !ok {
+		next := "a trial call is in flight"
+		if d := st.br.retryIn(c.cfg.Clock.Now()); d > 0 {
+			next = fmt.Sprintf("next trial in %v", d.Round(time.Millisecond))
+		}
+		return nil, res, fmt.Errorf("%w: %q failed %d times in a row; %s", ErrBreakerOpen, t.Name, c.cfg.BreakerFailures, next)
+	}
+	maxAttempts := c.cfg.MaxAttempts
+	if tk.trial {
+		maxAttempts = 1 // a half-open breaker's trial is one request, not a burst
+	}
+	lat := &st.lat[b2i(req.Stream)]
+	res.Latencies = make([]time.Duration, 0, min(maxAttempts, 4))
+	for {
+		a, took := c.attempt(ctx, t, base, req.Body, lat)
+		res.Attempts++
+		res.Latencies = append(res.Latencies, took)
+		if a.err != nil && a.err != errHeaderTimeout && ctx.Err() != nil {
+			c.finish(t, st, tk, neutral)
+			return nil, res, c.ctxError(t, ctx.Err(), "waiting for the response headers")
+		}
+		stop := ""
+		if a.retryable {
+			if wait, why := c.retryWait(ctx, st, tk, &res, &a, maxAttempts); why != "" {
+				stop = why
+			} else {
+				status := 0
+				if a.resp != nil {
+					status = a.resp.StatusCode
+					_ = a.resp.Body.Close() // read to its end already when small: the connection is reused
+				}
+				res.Retried = append(res.Retried, status)
+				if c.log.Enabled(ctx, slog.LevelDebug) {
+					c.log.LogAttrs(ctx, slog.LevelDebug, "provider: retrying", slog.String("target", t.Name),
+						slog.Int("attempt", res.Attempts), slog.Int("status", status),
+						slog.String("error", errString(a.err, t)), slog.Duration("wait", wait))
+				}
+				if err := c.sleep(ctx, wait); err != nil {
+					c.finish(t, st, tk, neutral)
+					return nil, res, c.ctxError(t, err, fmt.Sprintf("waiting %v to retry after %d attempts", wait, res.Attempts))
+				}
+				res.Waited += wait
+				continue
+			}
+		}
+		if a.resp != nil {
+			c.finish(t, st, tk, statusOutcome(a.resp.StatusCode))
+			if stop != "" && c.log.Enabled(ctx, slog.LevelDebug) {
+				c.log.LogAttrs(ctx, slog.LevelDebug, "provider: not retrying", slog.String("target", t.Name),
+					slog.Int("status", a.resp.StatusCode), slog.String("reason", stop))
+			}
+			return a.resp, res, nil
+		}
+		c.finish(t, st, tk, failure)
+		if stop != "" {
+			stop = " (" + stop + ")"
+		}
+		if a.err == errHeaderTimeout {
+			return nil, res, fmt.Errorf("%w: %q sent no response headers within %v, its adaptive timeout%s",
+				ErrTimeout, t.Name, a.timeout, stop)
+		}
+		return nil, res, fmt.Errorf("%w: %q%s: %w", ErrUnreachable, t.Name, stop, redact(a.err, t))
+	}
+}
+
+// retryWait returns the wait before the next attempt, or why there is none.
+func (c *Client) retryWait(ctx context.Context, st *targetState, tk ticket, res *Result, a *attempt, maxAttempts int) (time.Duration, string) {
+	switch {
+	case res.Attempts >= maxAttempts:
+		return 0, fmt.Sprintf("gave up after %d attempts", res.Attempts)
+	case !tk.trial && st.br.isOpen():
+		return 0, "gave up: the breaker opened meanwhile"
+	case a.retryAfter > c.cfg.MaxRetryWait:
+		return 0, fmt.Sprintf("not retried: the upstream asks to wait %v, more than MaxRetryWait (%v)", a.retryAfter, c.cfg.MaxRetryWait)
+	}
+	wait := c.backoff(len(res.Retried), a.retryAfter)
+	if !fits(ctx, wait) {
+		return 0, fmt.Sprintf("not retried: the deadline is too close for a %v wait", wait.Round(time.Millisecond))
+	}
+	return wait, ""
+}
+
+// attempt sends one request and reads what the retry decision needs. Its
+// timer covers the wait for headers and, for an error status, the read of
+// the (small) error body; never the body of a response returned to the
+// caller.
+func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, body []byte, lat *latency) (attempt, time.Duration) {
+	a := attempt{timeout: lat.current()}
+	actx, cancel := context.WithCancelCause(ctx)
+	timer := c.cfg.Clock.AfterFunc(a.timeout, func() { cancel(errHeaderTimeout) })
+	r := base.WithContext(actx)
+	if len(body) > 0 {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	start := c.cfg.Clock.Now()
+	resp, err := c.cfg.Transport.RoundTrip(r)
+	took := c.cfg.Clock.Now().Sub(start)
+	if err != nil {
+		timer.Stop()
+		if context.Cause(actx) == errHeaderTimeout {
+			err = errHeaderTimeout
+		}
+		cancel(nil)
+		return attempt{err: err, retryable: true, timeout: a.timeout}, took
+	}
+
+	status := resp.StatusCode
+	a.retryable = retryableStatus(status) && !strings.EqualFold(resp.Header.Get("X-Should-Retry"), "false")
+	b := &respBody{rc: resp.Body, cancel: cancel}
+	resp.Body = b
+	complete := false
+	kind := ""
+	if status >= 400 {
+		// Error bodies are small: read them now, under the timer, so that
+		// a retry finds the connection free and a 429's kind is known.
+		complete = b.peek()
+		if status == http.StatusTooManyRequests {
+			var quota bool
+			kind, quota = rateLimitKind(b.buf)
+			a.retryable = a.retryable && !quota
+		}
+	}
+	if !timer.Stop() && !complete {
+		// The timer fired as the headers arrived: the context is cancelled
+		// and the body cut. It is a timeout like any other.
+		_ = resp.Body.Close()
+		return attempt{err: errHeaderTimeout, retryable: true, timeout: a.timeout}, took
+	}
+	if status >= 200 && status < 300 {
+		lat.observe(took, c.tmo)
+	}
+	if a.retryable || c.cfg.Feedback != nil {
+		f := parseFeedback(status, resp.Header, c.cfg.Clock.Now())
+		a.retryAfter = f.RetryAfter
+		if c.cfg.Feedback != nil && (status == http.StatusTooManyRequests || f.HasLimits()) {
+			f.Kind = kind
+			c.cfg.Feedback(t, f)
+		}
+	}
+	a.resp = resp
+	return a, took
+}
+
+// newRequest builds the request every attempt is a copy of.
+func (c *Client) newRequest(ctx context.Context, t *Target, st *targetState, req *Request) (*http.Request, error) {
+	method := req.Method
+	if method == "" {
+		method = http.MethodPost
+	}
+	path := req.Path
+	if path != "" && path[0] != '/' {
+		// Without the slash, "@host" in a path would become the URL's host
+		// and the key would go there.
+		path = "/" + path
+	}
+	r, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(t.BaseURL, "/")+path, nil)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the URL may carry secrets in its query: do not repeat it
+		}
+		return nil, fmt.Errorf("%w: %q: %s %s: %w", ErrInvalidRequest, t.Name, method, redactURL(t.BaseURL), redact(err, t))
+	}
+	if (r.URL.Scheme != "http" && r.URL.Scheme != "https") || r.URL.Host == "" {
+		return nil, fmt.Errorf("%w: %q: base URL %q is not an http(s) URL with a host", ErrInvalidRequest, t.Name, redactURL(t.BaseURL))
+	}
+	r.Header = header(t, st, req.Header, len(req.Body) > 0)
+	if n := len(req.Body); n > 0 {
+		b := req.Body
+		r.ContentLength = int64(n)
+		// GetBody lets the transport replay the body itself (HTTP/2 retry
+		// after GOAWAY, a redirect) without copying it.
+		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+	}
+	return r, nil
+}
+
+var jsonContentType = []string{"application/json"}
+
+// header merges the caller's headers, the target's and the key. The
+// slices are shared, not copied: nothing on the way modifies them.
+func header(t *Target, st *targetState, in http.Header, hasBody bool) http.Header {
+	h := make(http.Header, len(in)+len(t.Header)+2)
+	for k, v := range in {
+		if !strings.EqualFold(k, "Authorization") { // the tenant's key must never reach the provider
+			h[k] = v
+		}
+	}
+	for k, v := range t.Header {
+		h[k] = v
+	}
+	if t.APIKey != "" {
+		a := st.auth.Load()
+		if a == nil || a.key != t.APIKey {
+			a = &authHeader{key: t.APIKey, value: []string{"Bearer " + t.APIKey}}
+			st.auth.Store(a)
+		}
+		h["Authorization"] = a.value
+	}
+	if hasBody && h["Content-Type"] == nil {
+		h["Content-Type"] = jsonContentType
+	}
+	return h
+}
+
+// finish tells the breaker how the call went and logs a state change.
+func (c *Client) finish(t *Target, st *targetState, tk ticket, o outcome) {
+	c.logTransition(t, st.br.record(tk, o, c.cfg.Clock.Now(), c.cfg.BreakerFailures, c.cfg.BreakerOpenFor))
+}
+
+func (c *Client) logTransition(t *Target, tr transition) {
+	switch tr {
+	case opened:
+		c.log.Warn("provider: circuit breaker opened", slog.String("target", t.Name),
+			slog.Int("failures", c.cfg.BreakerFailures), slog.Duration("open_for", c.cfg.BreakerOpenFor))
+	case reopened:
+		c.log.Warn("provider: circuit breaker trial failed; open again", slog.String("target", t.Name),
+			slog.Duration("open_for", c.cfg.BreakerOpenFor))
+	case closed:
+		c.log.Info("provider: circuit breaker closed", slog.String("target", t.Name))
+	}
+}
+
+// backoff returns the wait before retry k (k = 0 for the first retry): a
+// uniform random time in [0, min(BackoffMax, BackoffBase·2^k)), and at
+// least retryAfter.
+func (c *Client) backoff(k int, retryAfter time.Duration) time.Duration {
+	ceil := c.cfg.BackoffMax
+	if k < 63 && c.cfg.BackoffBase <= ceil>>k {
+		ceil = c.cfg.BackoffBase << k
+	}
+	r := c.cfg.Rand()
+	if !(r > 0) { // also NaN
+		r = 0
+	}
+	d := time.Duration(min(r, 1) * float64(ceil))
+	if d >= ceil {
+		d = max(ceil-1, 0)
+	}
+	return max(d, retryAfter)
+}
+
+// sleep waits d on the client's clock, or until ctx ends.
+func (c *Client) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	done := make(chan struct{})
+	t := c.cfg.Clock.AfterFunc(d, func() { close(done) })
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		t.Stop()
+		return ctx.Err()
+	}
+}
+
+// fits reports whether a wait of d ends before ctx's deadline. Deadlines
+// are real time, whatever the client's clock.
+func fits(ctx context.Context, d time.Duration) bool {
+	dl, ok := ctx.Deadline()
+	return !ok || d < time.Until(dl)
+}
+
+// ctxError wraps the caller's context error: a passed deadline is a
+// timeout, a cancellation leaves the upstream's answer unknown.
+func (c *Client) ctxError(t *Target, err error, while string) error {
+	sentinel := ErrUnreachable
+	if errors.Is(err, context.DeadlineExceeded) {
+		sentinel = ErrTimeout
+	}
+	return fmt.Errorf("%w: %q: the caller's context ended %s: %w", sentinel, t.Name, while, err)
+}
+
+// retryableStatus reports the statuses worth another attempt: rate
+// limiting and transient server trouble (529 is "overloaded").
+func retryableStatus(s int) bool {
+	switch s {
+	case http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout, 529:
+		return true
+	}
+	return false
+}
+
+// statusOutcome is what a final status says about the target's health.
+func statusOutcome(s int) outcome {
+	switch {
+	case s == http.StatusTooManyRequests:
+		return neutral
+	case s >= 500 && s != http.StatusNotImplemented: // 501: the endpoint, not the target, is the problem
+		return failure
+	}
+	return success
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// peekLimit bounds what is read ahead of an error response's body.
+const peekLimit = 64 << 10
+
+// respBody is a response body handed to the caller: the bytes read ahead
+// (an error body, to parse it and free the connection) come first, and
+// closing it ends the attempt's context.
+type respBody struct {
+	buf    []byte
+	rc     io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+// peek reads up to peekLimit bytes ahead and reports whether that was the
+// whole body (then the underlying body is closed, its connection free).
+func (b *respBody) peek() bool {
+	buf, err := io.ReadAll(io.LimitReader(b.rc, peekLimit+1))
+	b.buf = buf
+	if err != nil || len(buf) > peekLimit {
+		return false
+	}
+	_ = b.rc.Close()
+	b.rc = http.NoBody
+	return true
+}
+
+func (b *respBody) Read(p []byte) (int, error) {
+	if len(b.buf) > 0 {
+		n := copy(p, b.buf)
+		b.buf = b.buf[n:]
+		return n, nil
+	}
+	return b.rc.Read(p)
+}
+
+// Close may run concurrently with Read (a caller cuts a stalled stream by
+// closing its body from another goroutine), so it touches only rc, whose
+// Close is safe for that, and the cancel func.
+func (b *respBody) Close() error {
+	err := b.rc.Close()
+	b.cancel(nil)
+	return err
+}
+
+// redactedError hides a target's key in an error's text.
+type redactedError struct {
+	err    error
+	secret string
+}
+
+func (e *redactedError) Error() string {
+	return strings.ReplaceAll(e.err.Error(), e.secret, "[redacted]")
+}
+
+func (e *redactedError) Unwrap() error { return e.err }
+
+// redact wraps err so that its text never shows t's key, should a
+// transport or a proxy have echoed it.
+func redact(err error, t *Target) error {
+	if err == nil || t.APIKey == "" {
+		return err
+	}
+	return &redactedError{err: err, secret: t.APIKey}
+}
+
+// errString renders err for a log line, without the key.
+func errString(err error, t *Target) string {
+	if err == nil {
+		return ""
+	}
+	return redact(err, t).Error()
+}
+
+// redactURL removes any userinfo, query and fragment from a URL (either
+// may carry a key, as in "?key=..."), for messages.
+func redactURL(s string) string {
+	if i := strings.IndexAny(s, "?#"); i >= 0 {
+		s = s[:i]
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		if i := strings.LastIndex(s, "@"); i >= 0 {
+			if j := strings.Index(s, "://"); j >= 0 && j < i {
+				return s[:j+3] + "xxxxx" + s[i:]
+			}
+			return "xxxxx" + s[i:]
+		}
+		return s
+	}
+	if u.User != nil {
+		u.User = url.User("xxxxx")
+	}
+	return u.String()
+}
