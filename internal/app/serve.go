@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -118,14 +117,17 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 	}
 	if *listen != "" {
 		cfg.Listen = *listen
-		if err := cfg.Validate(a.Getenv); err != nil {
-			fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
-			return exitUsage
-		}
+	}
+	// Always: the embedded default must not open without tenants on a
+	// public address (LLMGATE_LISTEN=0.0.0.0:…), and --listen may change
+	// what is allowed.
+	if err := cfg.Validate(a.Getenv); err != nil {
+		fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
+		return exitUsage
 	}
 	log := newLogger(a.Stderr, cfg.Log)
 	if *configPath == "" {
-		if cfg.Providers[0].Type == "simulated" {
+		if cfg.Source == config.SourceDefaultSimulated {
 			fmt.Fprintln(a.Stderr, "llmgate serve: no --config and no OPENAI_API_KEY: running the embedded default (memory store, built-in simulated provider)")
 		} else {
 			fmt.Fprintln(a.Stderr, "llmgate serve: no --config: memory store, provider OpenAI with the key in OPENAI_API_KEY")
@@ -238,9 +240,8 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		_ = rueidis.Nil
 	}
 	limiter := ratelimit.New(rlBackend, ratelimit.WithLogger(log))
-	prices := budget.DefaultPrices().Merge(cfg.Prices)
 	budgets, err := budget.New(bBackend, budget.Config{
-		Prices: prices, TTL: cfg.Budget.ReservationTTL, FailOpen: cfg.Budget.FailOpen, Logger: log,
+		Prices: cfg.Prices, // the defaults with the file's prices merged over them TTL: cfg.Budget.ReservationTTL, FailOpen: cfg.Budget.FailOpen, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -293,6 +294,8 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		RequestTimeout: cfg.RequestTimeout,
 		IdleTimeout:    cfg.Upstream.IdleTimeout,
 		Logger:         log,
+
+		RateLimitFailClosed: cfg.RateLimit.FailClosed,
 	}
 	if cfg.MaxWait == 0 {
 		opt.MaxWait = -1 // configured as "never wait"
@@ -303,13 +306,9 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		if u, ok := simURL[d.Provider.Name]; ok {
 			base = u
 		}
-		hdr := http.Header{}
-		for k, v := range d.Provider.Headers {
-			hdr.Set(k, expandEnv(v, a.Getenv))
-		}
 		opt.Deployments = append(opt.Deployments, gateway.Deployment{
 			Name: d.Name, Provider: d.Provider.Name, Model: d.Model,
-			Target: provider.Target{Name: d.Name, BaseURL: base, APIKey: d.APIKey, Header: hdr},
+			Target: provider.Target{Name: d.Name, BaseURL: base, APIKey: d.APIKey, Header: d.Header},
 			Limits: gateway.Limits{RPM: d.Limits.RPM, TPM: d.Limits.TPM, Concurrency: d.Limits.Concurrency},
 		})
 		if !seenModel[d.Model] {
@@ -384,19 +383,7 @@ func gatewayTenant(ct *config.Tenant) (*gateway.Tenant, error) {
 // startSim runs a simulated provider on a loopback port and returns its
 // base URL.
 func startSim(p *config.Provider) (string, func(), error) {
-	sc := sim.Config{Models: p.Models}
-	sc.RPM, sc.TPM, sc.Concurrency = p.Simulated.RPM, p.Simulated.TPM, p.Simulated.Concurrency
-	sc.TTFT, sc.TokenDelay, sc.ErrorRate = p.Simulated.TTFT, p.Simulated.TokenDelay, p.Simulated.ErrorRate
-	var chat, emb []string
-	for _, m := range p.Models {
-		if strings.Contains(m, "embedding") {
-			emb = append(emb, m)
-		} else {
-			chat = append(chat, m)
-		}
-	}
-	sc.Models, sc.EmbeddingModels = chat, emb
-	srv, err := sim.New(sc)
+	srv, err := sim.New(p.SimConfig())
 	if err != nil {
 		return "", nil, err
 	}
@@ -407,12 +394,4 @@ func startSim(p *config.Provider) (string, func(), error) {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 	return "http://" + ln.Addr().String() + "/v1", func() { _ = hs.Close() }, nil
-}
-
-// expandEnv replaces a "${NAME}" header value by the variable's value.
-func expandEnv(v string, getenv func(string) string) string {
-	if len(v) > 3 && v[0] == '$' && v[1] == '{' && v[len(v)-1] == '}' {
-		return getenv(v[2 : len(v)-1])
-	}
-	return v
 }

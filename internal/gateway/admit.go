@@ -40,9 +40,9 @@ func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservatio
 		if err != nil {
 			return budget.Reservation{}, internalError(g, c, "budget window", err)
 		}
-		return budget.Reservation{ID: c.id, Tenant: c.tenant.Name, Window: win, Model: c.req.Model, Estimate: est}, nil
+		return budget.Reservation{ID: c.id, Tenant: c.tenant.Name, Window: win, Model: c.priceModel(), Estimate: est}, nil
 	}
-	res, err := g.opt.Budgets.Reserve(ctx, *b, c.id, c.req.Model, est)
+	res, err := g.opt.Budgets.Reserve(ctx, *b, c.id, c.priceModel(), est)
 	if err == nil {
 		return res, nil
 	}
@@ -99,6 +99,11 @@ func (g *Gateway) chargesFor(c *call, dep *deployment) []ratelimit.Charge {
 	ch = appendCharges(ch, "tenant:"+t.Name, t.Limits, tok)
 	if ml, ok := t.ModelLimits[c.req.Model]; ok {
 		ch = appendCharges(ch, "tenant-model:"+t.Name+"/"+c.req.Model, ml, tok)
+	}
+	if g.opt.RateLimitFailClosed {
+		for i := range ch {
+			ch[i].Limit.FailClosed = true
+		}
 	}
 	return ch
 }

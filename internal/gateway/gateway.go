@@ -99,6 +99,9 @@ type Options struct {
 	// CompletionEstimate is the completion tokens reserved for a request
 	// that does not set max_tokens. Default 256.
 	CompletionEstimate int64
+	// RateLimitFailClosed refuses requests (503) when the rate-limit store
+	// cannot be reached; the default admits them unchecked.
+	RateLimitFailClosed bool
 	// AdminTokenSHA256 is the hex SHA-256 of the admin API token; empty
 	// disables /admin/.
 	AdminTokenSHA256 string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -43,12 +44,31 @@ type call struct {
 
 func (c *call) tokenEstimate() int64 { return c.promptEstimate + c.completionEstimate }
 
+// priceModel is the model a budget reservation is priced with: the first
+// route target's (an alias has no price of its own). Settle prices the
+// model that really answered.
+func (c *call) priceModel() string {
+	t := c.targets[0]
+	if i := strings.IndexByte(t, '/'); i >= 0 {
+		return t[i+1:]
+	}
+	return t
+}
+
 // serve runs the pipeline for one of the proxied POST endpoints.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoint) {
 	c := &call{id: setRequestID(w, r), start: time.Now(), outcome: "error"}
 	model := ""
 	defer func() {
 		g.metrics.observeRequest(c, ep, model)
+		if g.log.Enabled(r.Context(), slog.LevelDebug) {
+			tenant := ""
+			if c.tenant != nil {
+				tenant = c.tenant.Name
+			}
+			g.log.Debug("request", "request_id", c.id, "endpoint", ep.String(), "tenant", tenant,
+				"outcome", c.outcome, "duration", time.Since(c.start))
+		}
 	}()
 	ctx, cancel := context.WithTimeout(r.Context(), g.opt.RequestTimeout)
 	defer cancel()

@@ -1,8 +1,8 @@
 package gateway
 
 import (
-	"context"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
@@ -133,11 +133,11 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 			}
 			return nil, false
 		},
-		Limiter:  ratelimit.New(rlmemory.New(clock.Real{})),
-		Budgets:  bm,
-		Upstream: up,
-		Tenants:  map[string]*Tenant{sha(tenantKey): h.teamA, sha(batchKey): h.batch},
-		Logger:   log,
+		Limiter:          ratelimit.New(rlmemory.New(clock.Real{})),
+		Budgets:          bm,
+		Upstream:         up,
+		Tenants:          map[string]*Tenant{sha(tenantKey): h.teamA, sha(batchKey): h.batch},
+		Logger:           log,
 		AdminTokenSHA256: sha(adminToken),
 	}
 	for _, m := range simModels {

@@ -1,0 +1,602 @@
+// Package config loads, defaults and validates llmgate's gateway configuration.
+package config
+
+import (
+	"errors"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/ratelimit"
+)
+
+// Errors returned by this package.
+var (
+	// ErrSyntax is matched by errors about YAML that cannot be read into a
+	// Config: bad syntax, a value of the wrong type, an unknown or repeated
+	// key. Their messages carry line numbers.
+	ErrSyntax = errors.New("config: cannot parse")
+	// ErrInvalid is matched by every problem Validate reports (each a
+	// *FieldError).
+	ErrInvalid = errors.New("config: invalid")
+	// ErrSecret wraps failures to resolve a provider key, a tenant key or a
+	// header reference from the environment or a file. Messages name the
+	// variable or file, never its content.
+	ErrSecret = errors.New("config: cannot resolve secret")
+)
+
+// Defaults, applied by SetDefaults to every field left unset (see
+// docs/config.md).
+const (
+	DefaultListen            = "127.0.0.1:8080"
+	DefaultStore             = "memory"
+	DefaultAdminTokenEnv     = "LLMGATE_ADMIN_TOKEN"
+	DefaultMaxBodyBytes      = 8 * MiB
+	DefaultMaxWait           = 30 * time.Second
+	DefaultRequestTimeout    = 10 * time.Minute
+	DefaultLogLevel          = "info"
+	DefaultLogFormat         = "text"
+	DefaultMaxAttempts       = 3
+	DefaultBackoffBase       = 200 * time.Millisecond
+	DefaultBackoffMax        = 10 * time.Second
+	DefaultBreakerFailures   = 5
+	DefaultBreakerOpenFor    = 30 * time.Second
+	DefaultTimeoutFloor      = 10 * time.Second
+	DefaultTimeoutCeiling    = 300 * time.Second
+	DefaultTimeoutMultiplier = 4.0
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultReservationTTL    = budget.DefaultTTL
+	// DefaultOpenAIBaseURL is the base URL of the provider Default builds
+	// when OPENAI_API_KEY is set.
+	DefaultOpenAIBaseURL = "https://api.openai.com/v1"
+)
+
+// Bounds on what a configuration may hold.
+const (
+	// MaxFileBytes bounds a configuration file: a larger one is certainly
+	// not a configuration, and refusing it early keeps memory bounded.
+	MaxFileBytes = 4 << 20
+	// MaxAttempts bounds upstream.max_attempts: more attempts against a
+	// failing provider only multiply its load.
+	MaxAttempts = 10
+	// MaxNameLen bounds provider and tenant names (they become metric
+	// labels and store keys).
+	MaxNameLen = 64
+	// MaxLimit bounds every limit: the stores compute in double precision,
+	// exact up to this value (ratelimit.MaxAmount).
+	MaxLimit = ratelimit.MaxAmount
+)
+
+// Environment variables that override the file (see docs/config.md).
+const (
+	EnvListen   = "LLMGATE_LISTEN"
+	EnvStore    = "LLMGATE_STORE"
+	EnvStateDir = "LLMGATE_STATE_DIR"
+	EnvMaxWait  = "LLMGATE_MAX_WAIT"
+	EnvLogLevel = "LLMGATE_LOG_LEVEL"
+	// EnvOpenAIKey selects Default's provider.
+	EnvOpenAIKey = "OPENAI_API_KEY"
+)
+
+// Values of Config.Source for a configuration built by Default.
+const (
+	// SourceDefaultOpenAI: no file; OPENAI_API_KEY is set, so one provider
+	// "openai" reaches api.openai.com with it.
+	SourceDefaultOpenAI = "default:openai"
+	// SourceDefaultSimulated: no file and no OPENAI_API_KEY, so one
+	// in-process simulated provider "sim" serves the simulator's models.
+	SourceDefaultSimulated = "default:simulated"
+)
+
+// Provider types.
+const (
+	// TypeOpenAI is any OpenAI-compatible HTTP API.
+	TypeOpenAI = "openai"
+	// TypeSimulated is the built-in simulated provider (internal/sim), run
+	// in-process.
+	TypeSimulated = "simulated"
+)
+
+// Tenant priorities.
+const (
+	PriorityInteractive = "interactive"
+	PriorityBatch       = "batch"
+)
+
+// Config is the gateway's configuration. Get one from Load, Parse or
+// Default, which fill defaults and validate; a Config built in Go should go
+// through SetDefaults and Validate before use.
+type Config struct {
+	// Listen is the gateway's host:port. Default "127.0.0.1:8080"; env
+	// LLMGATE_LISTEN.
+	Listen string `yaml:"listen"`
+	// Store is "memory" (default: one process) or a redis://, rediss:// or
+	// unix:// URL shared by every replica; env LLMGATE_STORE.
+	Store string `yaml:"store"`
+	// StateDir is where the memory store persists budgets and usage.
+	// Default $XDG_STATE_HOME/llmgate, else ~/.local/state/llmgate; env
+	// LLMGATE_STATE_DIR. A relative path in a file loaded by Load is
+	// relative to the file's directory.
+	StateDir string `yaml:"state_dir"`
+	// AdminTokenEnv names the environment variable holding the admin API
+	// token. Default "LLMGATE_ADMIN_TOKEN"; the admin API is off when that
+	// variable is empty.
+	AdminTokenEnv string `yaml:"admin_token_env"`
+	// MaxBodyBytes is the largest request body accepted. Default 8 MiB.
+	MaxBodyBytes Size `yaml:"max_body_bytes"`
+	// MaxWait is how long a request may wait for admission before it gets
+	// a 429. Default 30s; 0 means never wait. Env LLMGATE_MAX_WAIT.
+	MaxWait time.Duration `yaml:"max_wait"`
+	// RequestTimeout is the overall deadline of one request, waiting and
+	// retries included. Default 10m.
+	RequestTimeout time.Duration `yaml:"request_timeout"`
+	// Log configures the gateway's logs.
+	Log Log `yaml:"log"`
+	// Upstream configures calls to providers.
+	Upstream Upstream `yaml:"upstream"`
+	// Providers are the upstream APIs. At least one is required.
+	Providers []Provider `yaml:"providers"`
+	// Models are aliases: names clients send that route to a list of
+	// provider/model targets.
+	Models []Alias `yaml:"models"`
+	// Tenants are the clients allowed in, each with its own key. None
+	// means open access, which is only allowed on a loopback Listen.
+	Tenants []Tenant `yaml:"tenants"`
+	// Prices is the price table, per model. After loading it holds the
+	// configured prices merged over budget.DefaultPrices().
+	Prices map[string]budget.Price `yaml:"prices"`
+	// Budget configures how budgets behave when the store fails.
+	Budget BudgetStore `yaml:"budget"`
+	// RateLimit configures how rate limits behave when the store fails.
+	RateLimit RateLimitStore `yaml:"ratelimit"`
+
+	// Source says where the configuration came from: the file's path or
+	// name for Load and Parse, SourceDefaultOpenAI or
+	// SourceDefaultSimulated for Default.
+	Source string `yaml:"-"`
+
+	// envProblems are environment overrides that could not be applied;
+	// Validate reports them.
+	envProblems []error
+	// fromEnv maps the YAML path of a setting taken from the environment
+	// to the variable's name, so that messages point at the right place.
+	fromEnv map[string]string
+}
+
+// Log configures logging.
+type Log struct {
+	// Level is debug, info (default), warn or error. Env LLMGATE_LOG_LEVEL.
+	Level string `yaml:"level"`
+	// Format is text (default) or json.
+	Format string `yaml:"format"`
+}
+
+// SlogLevel returns Level as a slog.Level (info for an unknown level;
+// Validate rejects those).
+func (l Log) SlogLevel() slog.Level {
+	switch l.Level {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// Upstream configures calls to providers: retries, circuit breaker and
+// timeouts.
+type Upstream struct {
+	// MaxAttempts is the number of attempts per target. Default 3; 1 means
+	// no retry.
+	MaxAttempts int `yaml:"max_attempts"`
+	// BackoffBase is the first retry's backoff ceiling; it doubles per
+	// attempt (full jitter). Default 200ms.
+	BackoffBase time.Duration `yaml:"backoff_base"`
+	// BackoffMax caps the backoff. Default 10s.
+	BackoffMax time.Duration `yaml:"backoff_max"`
+	// Breaker is the per-deployment circuit breaker.
+	Breaker Breaker `yaml:"breaker"`
+	// Timeout bounds the wait for response headers.
+	Timeout Timeout `yaml:"timeout"`
+	// IdleTimeout is the longest gap allowed between two bytes of a
+	// response body (stream). Default 120s.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+}
+
+// Breaker is a circuit breaker per deployment.
+type Breaker struct {
+	// Failures is the number of consecutive failures that opens the
+	// breaker. Default 5.
+	Failures int `yaml:"failures"`
+	// OpenFor is how long an open breaker refuses calls before it lets one
+	// probe through. Default 30s.
+	OpenFor time.Duration `yaml:"open_for"`
+}
+
+// Timeout is the adaptive time-to-headers timeout: clamp(Multiplier × the
+// deployment's recent p95, Floor, Ceiling).
+type Timeout struct {
+	// Floor is the shortest timeout. Default 10s.
+	Floor time.Duration `yaml:"floor"`
+	// Ceiling is the longest timeout, used while there is no latency
+	// history. Default 300s.
+	Ceiling time.Duration `yaml:"ceiling"`
+	// Multiplier scales the recent p95 latency. Default 4.
+	Multiplier float64 `yaml:"multiplier"`
+}
+
+// Provider is one upstream API and the models it serves.
+type Provider struct {
+	// Name identifies the provider: lowercase letters, digits, '.', '_' and
+	// '-'. Required, unique.
+	Name string `yaml:"name"`
+	// Type is TypeOpenAI (default) or TypeSimulated.
+	Type string `yaml:"type"`
+	// BaseURL is the API's base, e.g. https://api.openai.com/v1 (trailing
+	// slashes removed). Required for type openai; not allowed for
+	// simulated.
+	BaseURL string `yaml:"base_url"`
+	// APIKeyEnv names the environment variable holding the API key.
+	APIKeyEnv string `yaml:"api_key_env"`
+	// APIKeyEnvs names several variables, one key each: every key gets its
+	// own deployment of every model (its own quota).
+	APIKeyEnvs []string `yaml:"api_key_envs"`
+	// APIKeyFile is a file holding the key (surrounding white space
+	// trimmed). A relative path in a file loaded by Load is relative to
+	// the file's directory.
+	APIKeyFile string `yaml:"api_key_file"`
+	// Models are the model ids the provider serves, as it names them.
+	// Required.
+	Models []string `yaml:"models"`
+	// Limits is the provider's quota for one key, applied to each model
+	// separately (as OpenAI does).
+	Limits Limits `yaml:"limits"`
+	// ModelLimits overrides Limits per model: the fields written there
+	// replace those of Limits.
+	ModelLimits map[string]Limits `yaml:"model_limits"`
+	// Headers are extra headers sent upstream (e.g. OpenAI-Organization).
+	// "${NAME}" in a value is replaced by the environment variable NAME.
+	Headers map[string]string `yaml:"headers"`
+	// Simulated configures a TypeSimulated provider.
+	Simulated SimulatedProvider `yaml:"simulated"`
+}
+
+// SimulatedProvider is what the in-process simulated provider enforces and
+// how it behaves (see internal/sim.Config and docs/mock.md). These are the
+// simulated upstream's own limits, distinct from Provider.Limits, which is
+// what the gateway believes the quota to be.
+type SimulatedProvider struct {
+	RPM         int64         `yaml:"rpm"`         // per (key, model); 0 = no limit
+	TPM         int64         `yaml:"tpm"`         // per (key, model); 0 = no limit
+	Concurrency int64         `yaml:"concurrency"` // per key; 0 = no limit
+	TTFT        time.Duration `yaml:"ttft"`        // time to first token
+	TokenDelay  time.Duration `yaml:"token_delay"` // between completion tokens
+	Jitter      float64       `yaml:"jitter"`      // delays scaled by a random factor in [1-j, 1+j]
+	ErrorRate   float64       `yaml:"error_rate"`  // fraction of requests answered 500/503
+	DropRate    float64       `yaml:"drop_rate"`   // fraction of streams cut halfway
+	Seed        uint64        `yaml:"seed"`        // 0 = random
+}
+
+// SimConfig returns the internal/sim configuration of a TypeSimulated
+// provider: its models (ids containing "embedding" served on
+// /v1/embeddings, the others on /v1/chat/completions) and its simulated
+// settings. Any API key is accepted.
+func (p *Provider) SimConfig() sim.Config {
+	var chat, emb []string
+	for _, m := range p.Models {
+		if strings.Contains(m, "embedding") {
+			emb = append(emb, m)
+		} else {
+			chat = append(chat, m)
+		}
+	}
+	s := p.Simulated
+	return sim.Config{
+		Models: chat, EmbeddingModels: emb,
+		RPM: s.RPM, TPM: s.TPM, Concurrency: s.Concurrency,
+		TTFT: s.TTFT, TokenDelay: s.TokenDelay, Jitter: s.Jitter,
+		ErrorRate: s.ErrorRate, DropRate: s.DropRate, Seed: s.Seed,
+	}
+}
+
+// Alias is a model name clients send that routes to provider/model targets.
+type Alias struct {
+	// Name is what clients send as "model".
+	Name string `yaml:"name"`
+	// Targets are "provider/model" strings (the model must be in that
+	// provider's models), tried in order: later ones are fallbacks.
+	Targets []string `yaml:"targets"`
+}
+
+// Tenant is one client of the gateway, known by its key.
+type Tenant struct {
+	// Name identifies the tenant in limits, budgets, logs and metrics.
+	Name string `yaml:"name"`
+	// APIKeyEnv names the environment variable holding the tenant's key.
+	// Exactly one of APIKeyEnv and APIKeySHA256 is required.
+	APIKeyEnv string `yaml:"api_key_env"`
+	// APIKeySHA256 is the hex SHA-256 of the tenant's key, so that the
+	// file holds no secret.
+	APIKeySHA256 string `yaml:"api_key_sha256"`
+	// Models are the model names (aliases, models, provider/model) the
+	// tenant may use; empty means all.
+	Models []string `yaml:"models"`
+	// Limits apply to all of the tenant's requests together.
+	Limits Limits `yaml:"limits"`
+	// ModelLimits apply to the tenant's requests for one model name (as
+	// the client sends it), in addition to Limits.
+	ModelLimits map[string]Limits `yaml:"model_limits"`
+	// Budget caps the tenant's spend per period; nil means none.
+	Budget *TenantBudget `yaml:"budget"`
+	// Priority is interactive (default) or batch: batch requests wait
+	// behind interactive ones.
+	Priority string `yaml:"priority"`
+	// MaxWait overrides Config.MaxWait for this tenant.
+	MaxWait *time.Duration `yaml:"max_wait"`
+}
+
+// TenantBudget is a tenant's spending cap per calendar period.
+type TenantBudget struct {
+	// Period is day or month. Required.
+	Period string `yaml:"period"`
+	// USD caps cost per period, in US dollars; 0 = no money cap.
+	USD float64 `yaml:"usd"`
+	// Tokens caps prompt plus completion tokens per period; 0 = no token
+	// cap.
+	Tokens int64 `yaml:"tokens"`
+	// Timezone is the IANA zone periods start in (midnight, the 1st).
+	// Default UTC.
+	Timezone string `yaml:"timezone"`
+}
+
+// BudgetStore is how budgets behave when the store cannot be reached.
+type BudgetStore struct {
+	// FailOpen admits requests without a budget check while the store is
+	// down. Default false: refuse them (fail-closed).
+	FailOpen bool `yaml:"fail_open"`
+	// ReservationTTL is how long an unsettled reservation holds budget
+	// before it expires (a crashed replica's holds free themselves).
+	// Default 15m; at least RequestTimeout.
+	ReservationTTL time.Duration `yaml:"reservation_ttl"`
+}
+
+// RateLimitStore is how rate limits behave when the store cannot be reached.
+type RateLimitStore struct {
+	// FailClosed refuses requests while the store is down. Default false:
+	// admit them without a limit check (fail-open).
+	FailClosed bool `yaml:"fail_closed"`
+}
+
+// Default returns the configuration used when no file is given, with the
+// environment overrides applied and defaults filled. If OPENAI_API_KEY is
+// set it has one provider "openai" (api.openai.com, that key, common models,
+// no limits); otherwise one simulated provider "sim" serving the
+// simulator's default models. Source says which. Call Validate: an
+// override such as a non-loopback LLMGATE_LISTEN can make it invalid.
+func Default(getenv func(string) string) *Config {
+	getenv = orNoEnv(getenv)
+	c := &Config{MaxWait: DefaultMaxWait}
+	if getenv(EnvOpenAIKey) != "" {
+		c.Source = SourceDefaultOpenAI
+		c.Providers = []Provider{{
+			Name:      "openai",
+			Type:      TypeOpenAI,
+			BaseURL:   DefaultOpenAIBaseURL,
+			APIKeyEnv: EnvOpenAIKey,
+			Models:    []string{"gpt-4.1", "gpt-4.1-mini", "gpt-4o", "gpt-4o-mini", "text-embedding-3-small"},
+		}}
+	} else {
+		c.Source = SourceDefaultSimulated
+		models := append(append([]string(nil), sim.DefaultModels...), sim.DefaultEmbeddingModels...)
+		c.Providers = []Provider{{Name: "sim", Type: TypeSimulated, Models: models}}
+	}
+	c.applyEnv(getenv)
+	c.SetDefaults(getenv)
+	return c
+}
+
+// SetDefaults fills every unset field with its default; fields set to a
+// value that Validate rejects are left alone. Zero means unset, except for
+// MaxWait (zero means never wait; Parse and Default start it at
+// DefaultMaxWait) and the booleans (false is their default). Prices becomes
+// the configured prices merged over budget.DefaultPrices(). getenv (nil:
+// none) supplies XDG_STATE_HOME and HOME for StateDir.
+func (c *Config) SetDefaults(getenv func(string) string) {
+	getenv = orNoEnv(getenv)
+	setString(&c.Listen, DefaultListen)
+	setString(&c.Store, DefaultStore)
+	setString(&c.StateDir, defaultStateDir(getenv))
+	setString(&c.AdminTokenEnv, DefaultAdminTokenEnv)
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	setDuration(&c.RequestTimeout, DefaultRequestTimeout)
+	setString(&c.Log.Level, DefaultLogLevel)
+	setString(&c.Log.Format, DefaultLogFormat)
+
+	u := &c.Upstream
+	if u.MaxAttempts == 0 {
+		u.MaxAttempts = DefaultMaxAttempts
+	}
+	setDuration(&u.BackoffBase, DefaultBackoffBase)
+	setDuration(&u.BackoffMax, DefaultBackoffMax)
+	if u.Breaker.Failures == 0 {
+		u.Breaker.Failures = DefaultBreakerFailures
+	}
+	setDuration(&u.Breaker.OpenFor, DefaultBreakerOpenFor)
+	setDuration(&u.Timeout.Floor, DefaultTimeoutFloor)
+	setDuration(&u.Timeout.Ceiling, DefaultTimeoutCeiling)
+	if u.Timeout.Multiplier == 0 {
+		u.Timeout.Multiplier = DefaultTimeoutMultiplier
+	}
+	setDuration(&u.IdleTimeout, DefaultIdleTimeout)
+	setDuration(&c.Budget.ReservationTTL, DefaultReservationTTL)
+
+	for i := range c.Providers {
+		p := &c.Providers[i]
+		setString(&p.Type, TypeOpenAI)
+		// The gateway appends "/chat/completions" and the like.
+		p.BaseURL = strings.TrimRight(p.BaseURL, "/")
+	}
+	for i := range c.Tenants {
+		t := &c.Tenants[i]
+		setString(&t.Priority, PriorityInteractive)
+		// Hashes are compared in lowercase.
+		t.APIKeySHA256 = strings.ToLower(t.APIKeySHA256)
+		if t.Budget != nil {
+			setString(&t.Budget.Timezone, "UTC")
+		}
+	}
+	c.Prices = budget.DefaultPrices().Merge(c.Prices)
+}
+
+func setString(p *string, def string) {
+	if *p == "" {
+		*p = def
+	}
+}
+
+func setDuration(p *time.Duration, def time.Duration) {
+	if *p == 0 {
+		*p = def
+	}
+}
+
+// defaultStateDir follows the XDG base directory specification, which
+// ignores a relative XDG_STATE_HOME. It returns "" when no home is known.
+func defaultStateDir(getenv func(string) string) string {
+	if d := getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "llmgate")
+	}
+	home := getenv("HOME")
+	if home == "" {
+		// HOME is unset under some service managers; os.UserHomeDir also
+		// knows the Windows variable.
+		home, _ = os.UserHomeDir()
+	}
+	if home == "" {
+		return ""
+	}
+	return filepath.Join(home, ".local", "state", "llmgate")
+}
+
+// applyEnv applies the LLMGATE_* overrides. A value that cannot be used is
+// kept in envProblems for Validate.
+func (c *Config) applyEnv(getenv func(string) string) {
+	for _, o := range []struct {
+		env, path string
+		dst       *string
+	}{
+		{EnvListen, "listen", &c.Listen},
+		{EnvStore, "store", &c.Store},
+		{EnvStateDir, "state_dir", &c.StateDir},
+		{EnvLogLevel, "log.level", &c.Log.Level},
+	} {
+		if v := strings.TrimSpace(getenv(o.env)); v != "" {
+			*o.dst = v
+			c.noteEnv(o.path, o.env)
+		}
+	}
+	if v := strings.TrimSpace(getenv(EnvMaxWait)); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			c.envProblems = append(c.envProblems, &FieldError{Path: EnvMaxWait,
+				Msg: "is " + quote(v) + ", not a duration; write it like 30s or 1m, or 0 to answer 429 at once"})
+		} else {
+			c.MaxWait = d
+			c.noteEnv("max_wait", EnvMaxWait)
+		}
+	}
+}
+
+func (c *Config) noteEnv(path, env string) {
+	if c.fromEnv == nil {
+		c.fromEnv = map[string]string{}
+	}
+	c.fromEnv[path] = env
+}
+
+// MaxWaitOr returns the tenant's MaxWait if it has one, else def (the
+// gateway's Config.MaxWait).
+func (t *Tenant) MaxWaitOr(def time.Duration) time.Duration {
+	if t.MaxWait != nil {
+		return *t.MaxWait
+	}
+	return def
+}
+
+// Allows reports whether the tenant may use model, a name as the client
+// sends it (no Models means every model).
+func (t *Tenant) Allows(model string) bool {
+	if len(t.Models) == 0 {
+		return true
+	}
+	for _, m := range t.Models {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+// RatePriority returns the tenant's priority for the rate limiter's queue.
+func (t *Tenant) RatePriority() ratelimit.Priority {
+	if t.Priority == PriorityBatch {
+		return ratelimit.Batch
+	}
+	return ratelimit.Interactive
+}
+
+// Budget returns the budget.Budget of tenant for b, ready for
+// budget.Manager.
+func (b *TenantBudget) Budget(tenant string) (budget.Budget, error) {
+	p, err := budget.ParsePeriod(b.Period)
+	if err != nil {
+		return budget.Budget{}, err
+	}
+	loc, err := loadLocation(b.Timezone)
+	if err != nil {
+		return budget.Budget{}, err
+	}
+	out := budget.Budget{Tenant: tenant, Period: p, Location: loc, Tokens: b.Tokens, MicroUSD: usdToMicro(b.USD)}
+	return out, out.Validate()
+}
+
+// usdToMicro converts dollars to micro-dollars, saturating where Validate
+// would reject the amount anyway.
+func usdToMicro(usd float64) int64 {
+	switch {
+	case math.IsNaN(usd) || usd <= 0:
+		return 0
+	case usd >= float64(budget.MaxAmount)/1e6:
+		return budget.MaxAmount + 1
+	}
+	return int64(math.Round(usd * 1e6))
+}
+
+// loadLocation is time.LoadLocation without "Local", whose meaning depends
+// on each host: replicas must agree on when a period starts.
+func loadLocation(name string) (*time.Location, error) {
+	if name == "" || name == "UTC" {
+		return time.UTC, nil
+	}
+	if name == "Local" {
+		return nil, errors.New(`"Local" depends on each host's setting; name the zone, e.g. Europe/Paris`)
+	}
+	return time.LoadLocation(name)
+}
+
+// orNoEnv lets callers pass a nil getenv for an empty environment.
+func orNoEnv(getenv func(string) string) func(string) string {
+	if getenv == nil {
+		return func(string) string { return "" }
+	}
+	return getenv
+}
