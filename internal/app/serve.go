@@ -17,8 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/llmgate/llmgate/budget"
 	budgetmemory "github.com/llmgate/llmgate/budget/memory"
 	budgetredis "github.com/llmgate/llmgate/budget/redis"
@@ -28,6 +26,9 @@ import (
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/storeurl"
+	"github.com/llmgate/llmgate/lock"
+	lockmemory "github.com/llmgate/llmgate/lock/memory"
+	lockredis "github.com/llmgate/llmgate/lock/redis"
 	"github.com/llmgate/llmgate/ratelimit"
 	rlmemory "github.com/llmgate/llmgate/ratelimit/memory"
 	rlredis "github.com/llmgate/llmgate/ratelimit/redis"
@@ -211,12 +212,14 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 
 	// Stores.
 	var (
-		rlBackend ratelimit.Backend
-		bBackend  budget.Backend
-		ready     func(context.Context) error
+		rlBackend   ratelimit.Backend
+		bBackend    budget.Backend
+		lockBackend lock.Backend
+		ready       func(context.Context) error
 	)
 	if storeurl.IsMemory(cfg.Store) {
 		rlBackend = rlmemory.New(clock.Real{})
+		lockBackend = lockmemory.New(clock.Real{})
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			return nil, fmt.Errorf("state_dir %s: %w", cfg.StateDir, err)
 		}
@@ -234,10 +237,10 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		s.closers = append(s.closers, client.Close)
 		rlBackend = rlredis.New(client, rlredis.Config{})
 		bBackend = budgetredis.New(client, budgetredis.Config{})
+		lockBackend = lockredis.New(client, lockredis.Config{})
 		ready = func(ctx context.Context) error {
 			return client.Do(ctx, client.B().Ping().Build()).Error()
 		}
-		_ = rueidis.Nil
 	}
 	limiter := ratelimit.New(rlBackend, ratelimit.WithLogger(log))
 	budgets, err := budget.New(bBackend, budget.Config{
@@ -296,6 +299,9 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		Logger:         log,
 
 		RateLimitFailClosed: cfg.RateLimit.FailClosed,
+		Locker:              lock.New(lockBackend),
+		SessionHeader:       cfg.Sessions.Header,
+		SessionTTL:          cfg.Sessions.TTL,
 	}
 	if cfg.MaxWait == 0 {
 		opt.MaxWait = -1 // configured as "never wait"

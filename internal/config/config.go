@@ -154,6 +154,8 @@ type Config struct {
 	Budget BudgetStore `yaml:"budget"`
 	// RateLimit configures how rate limits behave when the store fails.
 	RateLimit RateLimitStore `yaml:"ratelimit"`
+	// Sessions configures conversation ordering.
+	Sessions Sessions `yaml:"sessions"`
 
 	// Source says where the configuration came from: the file's path or
 	// name for Load and Parse, SourceDefaultOpenAI or
@@ -374,6 +376,23 @@ type RateLimitStore struct {
 	FailClosed bool `yaml:"fail_closed"`
 }
 
+// Sessions configures conversation ordering: requests carrying the same
+// session id are served one at a time, in arrival order, across replicas.
+type Sessions struct {
+	// Header names the request header with the session id. Default
+	// DefaultSessionHeader.
+	Header string `yaml:"header"`
+	// TTL is the session lease, renewed while a request runs: the longest a
+	// dead replica can hold a session. Default DefaultSessionTTL.
+	TTL time.Duration `yaml:"ttl"`
+}
+
+// Session defaults.
+const (
+	DefaultSessionHeader = "x-session-id"
+	DefaultSessionTTL    = 10 * time.Second
+)
+
 // Default returns the configuration used when no file is given, with the
 // environment overrides applied and defaults filled. If OPENAI_API_KEY is
 // set it has one provider "openai" (api.openai.com, that key, common models,
@@ -438,6 +457,8 @@ func (c *Config) SetDefaults(getenv func(string) string) {
 	}
 	setDuration(&u.IdleTimeout, DefaultIdleTimeout)
 	setDuration(&c.Budget.ReservationTTL, DefaultReservationTTL)
+	setString(&c.Sessions.Header, DefaultSessionHeader)
+	setDuration(&c.Sessions.TTL, DefaultSessionTTL)
 
 	for i := range c.Providers {
 		p := &c.Providers[i]

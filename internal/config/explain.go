@@ -56,6 +56,7 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string) {
 	row("store down", "budgets %s, rate limits %s", map[bool]string{false: "fail closed (requests refused)", true: "fail open (no budget check)"}[c.Budget.FailOpen],
 		map[bool]string{false: "fail open (no limit check)", true: "fail closed (requests refused)"}[c.RateLimit.FailClosed])
 	row("reservations", "budget holds expire after %s if never settled", durationString(c.Budget.ReservationTTL))
+	row("sessions", "requests with the same %s header are served one at a time in arrival order; lease %s", c.Sessions.Header, durationString(c.Sessions.TTL))
 
 	deployments, _ := c.deployments(getenv, false)
 	p("\nProviders (%d):\n", len(c.Providers))

@@ -158,6 +158,12 @@ func (v *validator) top() {
 	default:
 		v.add("log.format", "%s is not a format; use text or json", quote(c.Log.Format))
 	}
+	if ttl := c.Sessions.TTL; ttl < time.Second {
+		v.add("sessions.ttl", "is %v; must be at least 1s (the lease is renewed every third of it), e.g. 10s", ttl)
+	}
+	if h := c.Sessions.Header; !validHeaderName(h) {
+		v.add("sessions.header", "%s is not a valid HTTP header name", quote(h))
+	}
 	if ttl := c.Budget.ReservationTTL; ttl <= 0 {
 		v.add("budget.reservation_ttl", "is %v; must be > 0, e.g. 15m", ttl)
 	} else if c.RequestTimeout > 0 && ttl < c.RequestTimeout {

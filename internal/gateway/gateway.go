@@ -21,6 +21,7 @@ import (
 
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/lock"
 	"github.com/llmgate/llmgate/ratelimit"
 )
 
@@ -99,6 +100,16 @@ type Options struct {
 	// CompletionEstimate is the completion tokens reserved for a request
 	// that does not set max_tokens. Default 256.
 	CompletionEstimate int64
+	// Locker orders the requests of one session (see SessionHeader); nil
+	// disables session ordering.
+	Locker *lock.Locker
+	// SessionHeader names the request header carrying a session id.
+	// Default DefaultSessionHeader.
+	SessionHeader string
+	// SessionTTL is the session lease: how long a dead replica can hold a
+	// session. Default DefaultSessionTTL.
+	SessionTTL time.Duration
+
 	// RateLimitFailClosed refuses requests (503) when the rate-limit store
 	// cannot be reached; the default admits them unchecked.
 	RateLimitFailClosed bool
@@ -167,6 +178,13 @@ func New(opt Options) (*Gateway, error) {
 	}
 	if opt.CompletionEstimate <= 0 {
 		opt.CompletionEstimate = DefaultCompletionEstimate
+	}
+	if opt.SessionHeader == "" {
+		opt.SessionHeader = DefaultSessionHeader
+	}
+	opt.SessionHeader = http.CanonicalHeaderKey(opt.SessionHeader)
+	if opt.SessionTTL <= 0 {
+		opt.SessionTTL = DefaultSessionTTL
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)

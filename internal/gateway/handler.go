@@ -40,6 +40,9 @@ type call struct {
 	// estimate is the usage reserved before the call.
 	promptEstimate, completionEstimate int64
 	outcome                            string // metrics label: ok, limited, budget, upstream_error, ...
+	// fence is the session lease's fencing token, sent upstream as
+	// x-fencing-token ("" without a session).
+	fence string
 }
 
 func (c *call) tokenEstimate() int64 { return c.promptEstimate + c.completionEstimate }
@@ -115,6 +118,22 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoi
 		return
 	}
 	g.estimate(c)
+	if g.opt.Locker != nil {
+		sid, aerr := g.sessionID(r)
+		if aerr != nil {
+			c.outcome = "bad_request"
+			aerr.Write(w)
+			return
+		}
+		if sid != "" {
+			lease, aerr := g.lockSession(ctx, c, sid)
+			if aerr != nil {
+				aerr.Write(w)
+				return
+			}
+			defer g.unlockSession(c, lease)
+		}
+	}
 	g.run(ctx, w, r, c)
 }
 

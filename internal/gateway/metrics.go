@@ -24,6 +24,7 @@ type metrics struct {
 	fallbacks     *prometheus.CounterVec
 	feedback429   *prometheus.CounterVec
 	admissionWait prometheus.Histogram
+	sessionWait   prometheus.Histogram
 	settleErrors  prometheus.Counter
 }
 
@@ -61,12 +62,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "llmgate_admission_wait_seconds", Help: "Time requests waited in the rate-limit queue.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 12),
 		}),
+		sessionWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "llmgate_session_wait_seconds", Help: "Time requests waited for their session's earlier requests.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 12),
+		}),
 		settleErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgate_settle_errors_total", Help: "Finished requests whose usage could not be recorded in the store.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.upstream, m.tokens, m.cost, m.limited,
-		m.budgetDenied, m.fallbacks, m.feedback429, m.admissionWait, m.settleErrors} {
+		m.budgetDenied, m.fallbacks, m.feedback429, m.admissionWait, m.sessionWait, m.settleErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -356,3 +356,39 @@ func TestAdminUsage(t *testing.T) {
 	}
 	_ = fmt.Sprint()
 }
+
+// TestKeysBalancedByHeadroom: two keys of one provider share a model's
+// traffic by remaining quota, so neither is exhausted while the other idles.
+func TestKeysBalancedByHeadroom(t *testing.T) {
+	h := newHarness(t, harnessConfig{
+		sim: sim.Config{APIKeys: []string{providerKey, providerKey + "-2"}},
+		edit: func(o *Options, h *harness) {
+			o.Deployments = []Deployment{
+				{Name: "sim#1/gpt-4.1", Provider: "sim", Model: "gpt-4.1", Limits: Limits{RPM: 10},
+					Target: provider.Target{Name: "sim#1/gpt-4.1", BaseURL: h.simURL, APIKey: providerKey}},
+				{Name: "sim#2/gpt-4.1", Provider: "sim", Model: "gpt-4.1", Limits: Limits{RPM: 10},
+					Target: provider.Target{Name: "sim#2/gpt-4.1", BaseURL: h.simURL, APIKey: providerKey + "-2"}},
+			}
+		},
+	})
+	used := map[string]int{}
+	for i := range 20 {
+		resp := h.post("/v1/chat/completions", tenantKey, chatBody, "X-Llmgate-Max-Wait", "0")
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d (used %v)", i, resp.StatusCode, used)
+		}
+		used[resp.Header.Get("X-Llmgate-Deployment")]++
+	}
+	if used["sim#1/gpt-4.1"] != 10 || used["sim#2/gpt-4.1"] != 10 {
+		t.Fatalf("keys used %v; want 10 each (20 requests, 10 RPM per key)", used)
+	}
+	resp := h.post("/v1/chat/completions", tenantKey, chatBody, "X-Llmgate-Max-Wait", "0")
+	resp.Body.Close()
+	if resp.StatusCode != 429 {
+		t.Fatalf("both keys exhausted, got %d", resp.StatusCode)
+	}
+	if st := h.sim.Stats().Total; st.RateLimited != 0 {
+		t.Fatalf("provider 429s: %d", st.RateLimited)
+	}
+}

@@ -144,7 +144,7 @@ func (g *Gateway) upstreamBody(c *call, model string) ([]byte, error) {
 
 // forwardHeaders are the client headers passed to the provider; the rest
 // (the client's key above all) stay here.
-var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta", "X-Fencing-Token"}
+var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta"}
 
 func upstreamHeader(r *http.Request, c *call) http.Header {
 	h := make(http.Header, len(forwardHeaders)+1)
@@ -157,6 +157,9 @@ func upstreamHeader(r *http.Request, c *call) http.Header {
 		h["Content-Type"] = []string{"application/json"}
 	}
 	h["X-Request-Id"] = []string{c.id}
+	if c.fence != "" {
+		h["X-Fencing-Token"] = []string{c.fence}
+	}
 	return h
 }
 
