@@ -52,5 +52,5 @@ func Example() {
 	// 200 "Are minute quota answer keeps every" remaining-requests=1
 	// 200 "Are minute quota answer keeps every" remaining-requests=0
 	// 429 requests rate_limit_exceeded retry-after 30
-	// {Calls:2 RateLimited:1 ErrorsInjected:0 StreamsDropped:0 PromptTokens:20 CompletionTokens:12}
+	// {Calls:2 RateLimited:1 ErrorsInjected:0 StreamsDropped:0 PromptTokens:18 CompletionTokens:12}
 }

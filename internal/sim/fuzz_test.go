@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// FuzzRequestBody sends arbitrary bodies to the chat and embeddings
-// endpoints: the server must never panic, and every answer is either a
+// FuzzRequestBody sends arbitrary bodies to the chat, embeddings and
+// legacy completions endpoints: the server must never panic, and every answer is either a
 // well-formed success or an error in OpenAI's shape.
 func FuzzRequestBody(f *testing.F) {
 	for _, seed := range []string{
@@ -23,20 +23,21 @@ func FuzzRequestBody(f *testing.F) {
 		`{"model":"text-embedding-3-small","input":[[1,2],[3]]}`,
 		`{"model":"text-embedding-3-small","input":[1,-2,3e30]}`,
 		`{"model":"text-embedding-3-small","input":""}`,
+		`{"model":"gpt-4.1","prompt":["a",[1]],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"gpt-4.1","prompt":[[1,2],[3]],"max_tokens":9223372036854775807}`,
+		`{"model":"gpt-4.1","prompt":"","max_tokens":1}`,
 		`{"model":`, `null`, `[]`, `"x"`, ``, "\xff\xfe", `{"model":"gpt-4.1","messages":null}`,
 	} {
 		f.Add(uint8(0), []byte(seed))
 		f.Add(uint8(1), []byte(seed))
+		f.Add(uint8(2), []byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		s, err := New(Config{TPM: 2000, EmbeddingDimensions: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
-		path := "/v1/chat/completions"
-		if which%2 == 1 {
-			path = "/v1/embeddings"
-		}
+		path := [...]string{"/v1/chat/completions", "/v1/embeddings", "/v1/completions"}[which%3]
 		rec := httptest.NewRecorder()
 		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
 		out := rec.Body.Bytes()

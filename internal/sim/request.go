@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/llmgate/llmgate/internal/tokens"
 )
 
 // reqError is a request the simulator refuses, in OpenAI's terms.
@@ -36,6 +38,18 @@ type chatRequest struct {
 	MaxTokens           *int64 `json:"max_tokens"`
 	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
 	N                   *int64 `json:"n"`
+
+	// The raw values that cost prompt tokens, for tokens.Chat.
+	rawMessages, rawTools json.RawMessage
+}
+
+// promptCost holds the raw request values that tokens.Chat reads; tools
+// and legacy functions both cost prompt tokens, so the simulator bills them
+// although it never calls a function.
+type promptCost struct {
+	Messages  json.RawMessage `json:"messages"`
+	Tools     json.RawMessage `json:"tools"`
+	Functions json.RawMessage `json:"functions"`
 }
 
 type message struct {
@@ -140,6 +154,12 @@ func parseChatRequest(body []byte) (*chatRequest, *reqError) {
 	if r.StreamOptions != nil && !r.Stream {
 		return nil, badRequest("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.")
 	}
+	var pc promptCost
+	_ = json.Unmarshal(body, &pc) // cannot fail: decodeJSON read the same body into r
+	r.rawMessages, r.rawTools = pc.Messages, pc.Tools
+	if len(r.rawTools) == 0 {
+		r.rawTools = pc.Functions
+	}
 	return &r, nil
 }
 
@@ -204,22 +224,20 @@ func parseEmbeddingRequest(body []byte) (*embeddingRequest, *reqError) {
 		if one == "" {
 			return nil, badRequest("input", "'$.input' is invalid: an input must not be empty.")
 		}
-		r.inputs, r.tokens = []string{one}, textTokens(one)
+		r.inputs = []string{one}
 	case json.Unmarshal(in, &many) == nil:
 		for i, s := range many {
 			if s == "" {
 				return nil, badRequest("input", "'$.input[%d]' is invalid: an input must not be empty.", i)
 			}
-			r.tokens += textTokens(s)
 		}
 		r.inputs = many
 	case json.Unmarshal(in, &toks) == nil:
-		r.inputs, r.tokens = []string{string(in)}, int64(len(toks))
+		r.inputs = []string{string(in)}
 	case json.Unmarshal(in, &toksN) == nil:
 		for _, t := range toksN {
 			b, _ := json.Marshal(t)
 			r.inputs = append(r.inputs, string(b))
-			r.tokens += int64(len(t))
 		}
 	default:
 		return nil, badRequest("input", "'$.input' is invalid: expected a string, an array of strings, or an array of token arrays.")
@@ -238,5 +256,94 @@ func parseEmbeddingRequest(body []byte) (*embeddingRequest, *reqError) {
 	default:
 		return nil, badRequest("encoding_format", "Invalid value for 'encoding_format': %q; supported values are 'float' and 'base64'.", r.EncodingFormat)
 	}
+	r.tokens = int64(tokens.Input(r.Model, in))
+	return &r, nil
+}
+
+// completionRequest is the part of a legacy completions request the
+// simulator reads; every other field (echo, suffix, logprobs, stop, ...) is
+// accepted and ignored.
+type completionRequest struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	MaxTokens *int64 `json:"max_tokens"`
+	N         *int64 `json:"n"`
+
+	prompts []string // each prompt, as text (token arrays as their JSON)
+	tokens  int64    // prompt tokens of all prompts
+}
+
+// defaultCompletionMaxTokens is OpenAI's max_tokens for legacy completions.
+const defaultCompletionMaxTokens = 16
+
+// maxPrompts bounds the prompts of one completions request (one answer each).
+const maxPrompts = 2048
+
+func (r *completionRequest) maxTokens() int64 {
+	if r.MaxTokens != nil {
+		return *r.MaxTokens
+	}
+	return defaultCompletionMaxTokens
+}
+
+func (r *completionRequest) includeUsage() bool {
+	return r.StreamOptions != nil && r.StreamOptions.IncludeUsage
+}
+
+// parseCompletionRequest decodes and checks a legacy completions body: a
+// prompt is a string, an array of strings, an array of token ids or an
+// array of token-id arrays, and each prompt gets its own choice.
+func parseCompletionRequest(body []byte) (*completionRequest, *reqError) {
+	var r completionRequest
+	if e := decodeJSON(body, &r); e != nil {
+		return nil, e
+	}
+	if r.Model == "" {
+		return nil, badRequest("model", "you must provide a model parameter")
+	}
+	in := bytes.TrimSpace(r.Prompt)
+	var (
+		one   string
+		many  []string
+		toks  []int64
+		toksN [][]int64
+	)
+	switch {
+	case len(in) == 0 || bytes.Equal(in, []byte("null")):
+		return nil, badRequest("prompt", "'prompt' is a required property")
+	case json.Unmarshal(in, &one) == nil:
+		r.prompts = []string{one}
+	case json.Unmarshal(in, &many) == nil:
+		r.prompts = many
+	case json.Unmarshal(in, &toks) == nil:
+		r.prompts = []string{string(in)}
+	case json.Unmarshal(in, &toksN) == nil:
+		for _, t := range toksN {
+			b, _ := json.Marshal(t)
+			r.prompts = append(r.prompts, string(b))
+		}
+	default:
+		return nil, badRequest("prompt", "'$.prompt' is invalid: expected a string, an array of strings, an array of tokens, or an array of token arrays.")
+	}
+	if len(r.prompts) == 0 {
+		return nil, badRequest("prompt", "'$.prompt' is invalid: the array is empty.")
+	}
+	if len(r.prompts) > maxPrompts {
+		return nil, badRequest("prompt", "'$.prompt' is invalid: at most %d prompts per request, got %d.", maxPrompts, len(r.prompts))
+	}
+	if r.MaxTokens != nil && *r.MaxTokens < 1 {
+		return nil, badRequest("max_tokens", "Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, but got %d instead.", *r.MaxTokens)
+	}
+	if r.N != nil && *r.N != 1 {
+		return nil, badRequest("n", "The simulator only produces one choice per prompt: 'n' must be 1, got %d.", *r.N)
+	}
+	if r.StreamOptions != nil && !r.Stream {
+		return nil, badRequest("stream_options", "The 'stream_options' parameter is only allowed when 'stream' is enabled.")
+	}
+	r.tokens = int64(tokens.Input(r.Model, in))
 	return &r, nil
 }

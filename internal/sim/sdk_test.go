@@ -73,6 +73,47 @@ func TestOfficialSDK(t *testing.T) {
 		}
 	})
 
+	t.Run("completions", func(t *testing.T) {
+		cp := openai.CompletionNewParams{
+			Model:     "gpt-4.1-mini",
+			Prompt:    openai.CompletionNewParamsPromptUnion{OfArrayOfStrings: []string{"Once upon a time", "The gateway"}},
+			MaxTokens: openai.Int(6),
+		}
+		c, err := client.Completions.New(ctx, cp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Object != "text_completion" || len(c.Choices) != 2 || c.Choices[1].Index != 1 || c.Choices[0].Text == "" || c.Choices[0].FinishReason != openai.CompletionChoiceFinishReasonLength {
+			t.Fatalf("%+v", c)
+		}
+		// "Once upon a time" (4) + "The gateway" (2); 6 words each.
+		if u := c.Usage; u.PromptTokens != 6 || u.CompletionTokens != 12 || u.TotalTokens != 18 {
+			t.Fatalf("usage %+v", u)
+		}
+
+		sp := cp
+		sp.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		stream := client.Completions.NewStreaming(ctx, sp)
+		texts := map[int64]string{}
+		var usage openai.CompletionUsage
+		for stream.Next() {
+			ch := stream.Current()
+			for _, choice := range ch.Choices {
+				texts[choice.Index] += choice.Text
+			}
+			if ch.Usage.TotalTokens > 0 {
+				usage = ch.Usage
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if texts[0] != c.Choices[0].Text || texts[1] != c.Choices[1].Text ||
+			usage.PromptTokens != c.Usage.PromptTokens || usage.CompletionTokens != c.Usage.CompletionTokens || usage.TotalTokens != c.Usage.TotalTokens {
+			t.Fatalf("streamed %v, usage %+v; JSON %+v", texts, usage, c)
+		}
+	})
+
 	t.Run("models", func(t *testing.T) {
 		page, err := client.Models.List(ctx)
 		if err != nil {
@@ -97,8 +138,8 @@ func TestOfficialSDK(t *testing.T) {
 		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized || apiErr.Code != "invalid_api_key" {
 			t.Fatalf("wrong key: %v", err)
 		}
-		// RPM 4: the two chat calls and the embeddings call used three
-		// (each model has its own bucket; models.list is not limited).
+		// RPM 4: the two chat calls used two of gpt-4.1's (each model has
+		// its own bucket; models.list is not limited).
 		for i := range 3 {
 			_, err = client.Chat.Completions.New(ctx, params)
 			if i < 2 && err != nil {

@@ -1,12 +1,14 @@
 // Package sim is a simulated OpenAI-compatible provider for demos, tests and benchmarks: deterministic answers, configurable latency, and rate limits enforced the way the real one does.
 //
-// A Server answers POST /v1/chat/completions (JSON and SSE streaming),
-// POST /v1/embeddings, GET /v1/models, GET /v1/models/{model} and GET
-// /stats. Answers depend only on the model and the prompt. Each (API key,
-// model) pair has its own RPM and TPM buckets and each API key its own
-// concurrency limit; requests over a limit get OpenAI's 429 with
-// retry-after and x-ratelimit-* headers. Faults (500/503 answers, streams
-// cut halfway) are injected at configured rates. See docs/mock.md.
+// A Server answers POST /v1/chat/completions and POST /v1/completions
+// (JSON and SSE streaming), POST /v1/embeddings, GET /v1/models, GET
+// /v1/models/{model} and GET /stats. Answers depend only on the model and
+// the prompt; prompt tokens are counted as OpenAI bills them (package
+// internal/tokens). Each (API key, model) pair has its own RPM and TPM
+// buckets and each API key its own concurrency limit; requests over a
+// limit get OpenAI's 429 with retry-after and x-ratelimit-* headers.
+// Faults (500/503 answers, streams cut halfway) are injected at configured
+// rates. See docs/mock.md.
 package sim
 
 import (
@@ -118,6 +120,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	s.mux.HandleFunc("POST /v1/completions", s.handleCompletion)
 	s.mux.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /v1/models/{model}", s.handleModel)
@@ -381,7 +384,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		modelNotFound(w, req.Model)
 		return
 	}
-	prompt := promptTokens(req.Messages)
+	prompt := chatPromptTokens(req)
 	words := answerWords(answerSeed(req.Model, req.Messages))
 	finish := "stop"
 	limit := req.maxTokens()
@@ -424,19 +427,61 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	s.stream(ctx, w, key, id, created, req, words, finish, prompt)
 }
 
-// stream sends the answer as OpenAI's server-sent events, one flushed event
-// per token.
-func (s *Server) stream(ctx context.Context, w http.ResponseWriter, key, id string, created int64, req *chatRequest, words []string, finish string, prompt int64) {
-	drop := -1
-	if s.cfg.DropRate > 0 && s.float() < s.cfg.DropRate {
-		drop = len(words) / 2
-	}
+// sse writes server-sent events, each flushed as it is written.
+type sse struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+// startSSE sends the 200 and the event-stream headers.
+func startSSE(w http.ResponseWriter) *sse {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	_ = rc.Flush()
+	e := &sse{w: w, rc: http.NewResponseController(w)}
+	_ = e.rc.Flush()
+	return e
+}
+
+// send writes v as one "data:" event; false means the client is gone.
+func (e *sse) send(v any) bool {
+	b, _ := json.Marshal(v)
+	if _, err := fmt.Fprintf(e.w, "data: %s\n\n", b); err != nil {
+		return false
+	}
+	if err := e.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return false
+	}
+	return true
+}
+
+func (e *sse) done() {
+	_, _ = io.WriteString(e.w, "data: [DONE]\n\n")
+	_ = e.rc.Flush()
+}
+
+// dropAt is the index of the token before which a stream of n tokens is cut
+// (DropRate), or -1.
+func (s *Server) dropAt(n int) int {
+	if s.cfg.DropRate > 0 && s.float() < s.cfg.DropRate {
+		return n / 2
+	}
+	return -1
+}
+
+// drop cuts the connection: the documented way from a handler, which
+// net/http recovers without logging.
+func (s *Server) drop(key string) {
+	s.count(key, func(k *KeyStats) { k.StreamsDropped++ })
+	panic(http.ErrAbortHandler)
+}
+
+// stream sends the answer as OpenAI's server-sent events, one flushed event
+// per token.
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, key, id string, created int64, req *chatRequest, words []string, finish string, prompt int64) {
+	drop := s.dropAt(len(words))
+	ev := startSSE(w)
 	s.count(key, func(k *KeyStats) { k.Calls++; k.PromptTokens += prompt })
 
 	var u json.RawMessage
@@ -444,15 +489,8 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, key, id stri
 		u = jsonNull
 	}
 	send := func(choices []chunkChoice, usage json.RawMessage) bool {
-		b, _ := json.Marshal(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: req.Model,
+		return ev.send(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: req.Model,
 			SystemFingerprint: "fp_sim", Choices: choices, Usage: usage})
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return false
-		}
-		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return false
-		}
-		return true
 	}
 	if !s.sleep(ctx, s.cfg.TTFT) {
 		return
@@ -463,10 +501,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, key, id stri
 	}
 	for i, word := range words {
 		if i == drop {
-			s.count(key, func(k *KeyStats) { k.StreamsDropped++ })
-			// The documented way to cut a connection from a handler;
-			// net/http recovers it without logging.
-			panic(http.ErrAbortHandler)
+			s.drop(key)
 		}
 		if i > 0 {
 			if !s.sleep(ctx, s.cfg.TokenDelay) {
@@ -491,8 +526,151 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, key, id stri
 			return
 		}
 	}
-	_, _ = io.WriteString(w, "data: [DONE]\n\n")
-	_ = rc.Flush()
+	ev.done()
+}
+
+type textChoice struct {
+	Text         string          `json:"text"`
+	Index        int             `json:"index"`
+	Logprobs     json.RawMessage `json:"logprobs"`
+	FinishReason *string         `json:"finish_reason"`
+}
+
+// textCompletion is a legacy completion, or one chunk of its stream.
+type textCompletion struct {
+	ID                string          `json:"id"`
+	Object            string          `json:"object"`
+	Created           int64           `json:"created"`
+	Model             string          `json:"model"`
+	SystemFingerprint string          `json:"system_fingerprint"`
+	Choices           []textChoice    `json:"choices"`
+	Usage             json.RawMessage `json:"usage,omitempty"`
+}
+
+// completionAnswer is the simulated continuation of one prompt.
+type completionAnswer struct {
+	words  []string
+	finish string
+}
+
+// handleCompletion serves legacy completions: one choice per prompt, each
+// a deterministic continuation of its prompt, under the same limits and
+// faults as chat. The chat models serve this endpoint too.
+func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	key, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	req, rerr := parseCompletionRequest(body)
+	if rerr != nil {
+		rerr.write(w)
+		return
+	}
+	if !s.chat[req.Model] {
+		modelNotFound(w, req.Model)
+		return
+	}
+	limit := req.maxTokens()
+	answers := make([]completionAnswer, len(req.prompts))
+	for i, p := range req.prompts {
+		a := completionAnswer{words: answerWords(completionSeed(req.Model, p)), finish: "stop"}
+		if limit < int64(len(a.words)) {
+			a.words, a.finish = a.words[:limit], "length"
+		}
+		answers[i] = a
+	}
+	// TPM cost, as OpenAI counts it: the prompts plus max_tokens for each.
+	prompt := req.tokens
+	cost := prompt + min(limit, (math.MaxInt64-prompt)/int64(len(answers)))*int64(len(answers))
+	release, ok := s.admit(w, key, req.Model, cost)
+	if !ok {
+		return
+	}
+	defer release()
+	if s.injectFault(w, key) {
+		return
+	}
+	id := fmt.Sprintf("cmpl-sim%016x", s.seq.Add(1))
+	created := time.Now().Unix()
+	ctx := r.Context()
+	var n int64
+	longest := 0
+	for _, a := range answers {
+		n += int64(len(a.words))
+		longest = max(longest, len(a.words))
+	}
+	if !req.Stream {
+		// The choices are generated side by side: the longest sets the time.
+		if !s.sleep(ctx, s.cfg.TTFT+time.Duration(longest-1)*s.cfg.TokenDelay) {
+			return
+		}
+		resp := textCompletion{ID: id, Object: "text_completion", Created: created, Model: req.Model, SystemFingerprint: "fp_sim"}
+		for i, a := range answers {
+			resp.Choices = append(resp.Choices, textChoice{Text: " " + joinWords(a.words), Index: i, Logprobs: jsonNull, FinishReason: &a.finish})
+		}
+		resp.Usage, _ = json.Marshal(usage{PromptTokens: prompt, CompletionTokens: n, TotalTokens: prompt + n})
+		s.count(key, func(k *KeyStats) { k.Calls++; k.PromptTokens += prompt; k.CompletionTokens += n })
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
+	s.streamCompletion(ctx, w, key, id, created, req, answers, prompt)
+}
+
+// streamCompletion sends legacy completion chunks: each choice's tokens in
+// turn, each with a leading space, then its finish_reason; with
+// include_usage, a final chunk with no choices and the usage.
+func (s *Server) streamCompletion(ctx context.Context, w http.ResponseWriter, key, id string, created int64, req *completionRequest, answers []completionAnswer, prompt int64) {
+	total := 0
+	for _, a := range answers {
+		total += len(a.words)
+	}
+	drop := s.dropAt(total)
+	ev := startSSE(w)
+	s.count(key, func(k *KeyStats) { k.Calls++; k.PromptTokens += prompt })
+
+	var u json.RawMessage
+	if req.includeUsage() {
+		u = jsonNull
+	}
+	send := func(c textChoice) bool {
+		return ev.send(textCompletion{ID: id, Object: "text_completion", Created: created, Model: req.Model,
+			SystemFingerprint: "fp_sim", Choices: []textChoice{c}, Usage: u})
+	}
+	if !s.sleep(ctx, s.cfg.TTFT) {
+		return
+	}
+	sent := 0
+	for i, a := range answers {
+		for _, word := range a.words {
+			if sent == drop {
+				s.drop(key)
+			}
+			if sent > 0 && !s.sleep(ctx, s.cfg.TokenDelay) {
+				return
+			}
+			sent++
+			s.count(key, func(k *KeyStats) { k.CompletionTokens++ })
+			if !send(textChoice{Text: " " + word, Index: i, Logprobs: jsonNull}) {
+				return
+			}
+		}
+		if !send(textChoice{Text: "", Index: i, Logprobs: jsonNull, FinishReason: &a.finish}) {
+			return
+		}
+	}
+	if req.includeUsage() {
+		n := int64(total)
+		b, _ := json.Marshal(usage{PromptTokens: prompt, CompletionTokens: n, TotalTokens: prompt + n})
+		if !ev.send(textCompletion{ID: id, Object: "text_completion", Created: created, Model: req.Model,
+			SystemFingerprint: "fp_sim", Choices: []textChoice{}, Usage: b}) {
+			return
+		}
+	}
+	ev.done()
 }
 
 func modelNotFound(w http.ResponseWriter, model string) {

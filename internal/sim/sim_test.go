@@ -40,9 +40,10 @@ func TestChatJSONIsDeterministic(t *testing.T) {
 		if u.CompletionTokens != words || u.CompletionTokens < 8 || u.TotalTokens != u.PromptTokens+u.CompletionTokens {
 			t.Fatalf("usage %+v for %d words", u, words)
 		}
-		// 3 priming + 4 per message + "user" (1) + 27 bytes (7).
-		if u.PromptTokens != 15 {
-			t.Fatalf("prompt_tokens = %d, want 15", u.PromptTokens)
+		// OpenAI's chat format in o200k_base: 3 per message + "user" (1) +
+		// "Say something about quotas." (5) + 3 for the reply's priming.
+		if u.PromptTokens != 12 {
+			t.Fatalf("prompt_tokens = %d, want 12", u.PromptTokens)
 		}
 		if i == 0 {
 			first = c
@@ -274,9 +275,9 @@ func TestRPMOnRealTime(t *testing.T) {
 func TestTPMCountsMaxTokens(t *testing.T) {
 	fc := clock.NewFake(fakeStart)
 	_, ts := start(t, Config{TPM: 100, Clock: fc})
-	// "hi" costs 3 + 4 + 1 + 1 = 9 prompt tokens, plus max_tokens 40.
+	// "hi" costs 3 + 1 + 1 + 3 = 8 prompt tokens, plus max_tokens 40.
 	body := chatBody("hi", `,"max_tokens":40`)
-	for i, rem := range []string{"51", "2"} {
+	for i, rem := range []string{"52", "4"} {
 		r := do(t, ts, "POST", "/v1/chat/completions", "", body)
 		if r.status != 200 || r.header.Get("x-ratelimit-remaining-tokens") != rem || r.header.Get("x-ratelimit-limit-tokens") != "100" {
 			t.Fatalf("request %d: %d %v %s", i, r.status, r.header, r.body)
@@ -287,12 +288,12 @@ func TestTPMCountsMaxTokens(t *testing.T) {
 	}
 	r := do(t, ts, "POST", "/v1/chat/completions", "", body)
 	e := openAIError(t, r.body)
-	// 47 tokens missing at 100 per minute: 28.2s.
-	want := "Rate limit reached for gpt-4.1 in organization org-sim on tokens per min (TPM): Limit 100, Used 98, Requested 49. Please try again in 28.2s."
+	// 44 tokens missing at 100 per minute: 26.4s.
+	want := "Rate limit reached for gpt-4.1 in organization org-sim on tokens per min (TPM): Limit 100, Used 96, Requested 48. Please try again in 26.4s."
 	if r.status != 429 || e.Type != "tokens" || deref(e.Code) != "rate_limit_exceeded" || !strings.HasPrefix(e.Message, want) {
 		t.Fatalf("%d %s", r.status, r.body)
 	}
-	if r.header.Get("retry-after") != "29" || r.header.Get("retry-after-ms") != "28200" || r.header.Get("x-ratelimit-reset-tokens") != "58.8s" {
+	if r.header.Get("retry-after") != "27" || r.header.Get("retry-after-ms") != "26400" || r.header.Get("x-ratelimit-reset-tokens") != "57.6s" {
 		t.Fatalf("headers %v", r.header)
 	}
 	// A request that can never fit is refused without a retry-after.
@@ -460,7 +461,8 @@ func TestEmbeddings(t *testing.T) {
 		return out
 	}
 	a := get(`{"model":"text-embedding-3-small","input":["hello world","second input!"]}`)
-	if a.Object != "list" || len(a.Data) != 2 || a.Data[1].Index != 1 || a.Usage.PromptTokens != 3+4 || a.Usage.TotalTokens != 7 {
+	// cl100k_base: "hello world" is 2 tokens, "second input!" 3.
+	if a.Object != "list" || len(a.Data) != 2 || a.Data[1].Index != 1 || a.Usage.PromptTokens != 2+3 || a.Usage.TotalTokens != 5 {
 		t.Fatalf("%+v", a)
 	}
 	var v0, v1 []float32
@@ -535,13 +537,13 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := st.Keys["key-"+keyHash("sk-secret-a")]
-	if a != (KeyStats{Calls: 2, RateLimited: 1, PromptTokens: 2 * 9, CompletionTokens: 2 * 5}) {
+	if a != (KeyStats{Calls: 2, RateLimited: 1, PromptTokens: 2 * 8, CompletionTokens: 2 * 5}) {
 		t.Fatalf("key stats %+v in %s", a, r.body)
 	}
-	if anon := st.Keys["anonymous"]; anon != (KeyStats{Calls: 1, PromptTokens: 2}) {
+	if anon := st.Keys["anonymous"]; anon != (KeyStats{Calls: 1, PromptTokens: 1}) { // "abcdefgh" is one cl100k_base token
 		t.Fatalf("anonymous stats %+v", anon)
 	}
-	if st.Total != (KeyStats{Calls: 3, RateLimited: 1, PromptTokens: 20, CompletionTokens: 10}) {
+	if st.Total != (KeyStats{Calls: 3, RateLimited: 1, PromptTokens: 17, CompletionTokens: 10}) {
 		t.Fatalf("total %+v", st.Total)
 	}
 }

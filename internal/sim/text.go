@@ -6,34 +6,15 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+
+	"github.com/llmgate/llmgate/internal/tokens"
 )
 
-// Token counting is an approximation, documented in docs/mock.md, not a
-// tokenizer: text costs one token per started 4 bytes, each chat message 4
-// tokens of overhead, and every prompt 3 more for the reply's priming (the
-// overheads OpenAI documents for its chat format).
-const (
-	bytesPerToken      = 4
-	tokensPerMessage   = 4
-	tokensPerName      = 1
-	tokensReplyPriming = 3
-)
-
-// textTokens estimates the tokens of s.
-func textTokens(s string) int64 {
-	return int64((len(s) + bytesPerToken - 1) / bytesPerToken)
-}
-
-// promptTokens estimates the prompt tokens of a parsed chat request.
-func promptTokens(msgs []message) int64 {
-	n := int64(tokensReplyPriming)
-	for _, m := range msgs {
-		n += tokensPerMessage + textTokens(m.Role) + textTokens(m.text)
-		if m.Name != "" {
-			n += tokensPerName + textTokens(m.Name)
-		}
-	}
-	return n
+// chatPromptTokens is what OpenAI would bill a chat request's prompt: the
+// tokens of its messages and tool definitions in the model's encoding (see
+// internal/tokens).
+func chatPromptTokens(r *chatRequest) int64 {
+	return int64(tokens.Chat(r.Model, r.rawMessages, r.rawTools))
 }
 
 // vocabulary feeds the deterministic answers; each word is one token.
@@ -43,6 +24,12 @@ var vocabulary = strings.Fields(`the a quota token request limit gateway model a
 	fence signal replay burst steady simulated careful quick bright quiet
 	reliable every many one few is are was will can should may runs waits
 	counts keeps sends holds serves and or but so then while because`)
+
+// completionSeed hashes what determines a legacy completion: the model and
+// the prompt. (A chat role is never empty, so no chat prompt hashes alike.)
+func completionSeed(model, prompt string) [32]byte {
+	return answerSeed(model, []message{{text: prompt}})
+}
 
 // answerSeed hashes what determines an answer: the model and the prompt.
 func answerSeed(model string, msgs []message) [32]byte {
