@@ -156,6 +156,10 @@ type Config struct {
 	RateLimit RateLimitStore `yaml:"ratelimit"`
 	// Sessions configures conversation ordering.
 	Sessions Sessions `yaml:"sessions"`
+	// Dedup configures de-duplication of identical requests.
+	Dedup Dedup `yaml:"dedup"`
+	// Cache configures the response cache (tenants opt in).
+	Cache Cache `yaml:"cache"`
 
 	// Source says where the configuration came from: the file's path or
 	// name for Load and Parse, SourceDefaultOpenAI or
@@ -342,6 +346,16 @@ type Tenant struct {
 	Priority string `yaml:"priority"`
 	// MaxWait overrides Config.MaxWait for this tenant.
 	MaxWait *time.Duration `yaml:"max_wait"`
+	// Cache opts the tenant into the response cache; nil means off.
+	Cache *TenantCache `yaml:"cache"`
+}
+
+// TenantCache opts a tenant into the response cache.
+type TenantCache struct {
+	// TTL is how long answers are kept. Required (> 0).
+	TTL time.Duration `yaml:"ttl"`
+	// Models limits caching to these model names; empty means all.
+	Models []string `yaml:"models"`
 }
 
 // TenantBudget is a tenant's spending cap per calendar period.
@@ -386,6 +400,49 @@ type Sessions struct {
 	// dead replica can hold a session. Default DefaultSessionTTL.
 	TTL time.Duration `yaml:"ttl"`
 }
+
+// Dedup configures de-duplication: identical requests in flight at once,
+// on any replica, make one upstream call.
+type Dedup struct {
+	// Deterministic de-duplicates requests with temperature 0
+	// automatically. Default true.
+	Deterministic *bool `yaml:"deterministic"`
+	// Models are de-duplicated whatever their temperature (opt-in).
+	Models []string `yaml:"models"`
+	// LeaseTTL is the leader's lease: how long followers wait for a dead
+	// leader before one of them takes over. Default DefaultDedupLeaseTTL.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// Retain is how long a finished automatic flight still answers late
+	// arrivals. Default DefaultDedupRetain.
+	Retain time.Duration `yaml:"retain"`
+	// IdempotencyTTL is how long the answer to an Idempotency-Key is kept
+	// for retries. Default DefaultIdempotencyTTL.
+	IdempotencyTTL time.Duration `yaml:"idempotency_ttl"`
+}
+
+// DeterministicOn reports whether temperature-0 requests are de-duplicated.
+func (d Dedup) DeterministicOn() bool { return d.Deterministic == nil || *d.Deterministic }
+
+// Cache configures the response cache.
+type Cache struct {
+	// MaxBytes bounds the memory store's cache (least recently used
+	// answers go first). Default DefaultCacheMaxBytes.
+	MaxBytes Size `yaml:"max_bytes"`
+	// MaxTTL caps the TTL a request may ask for with x-llmgate-cache-ttl.
+	// Default DefaultCacheMaxTTL.
+	MaxTTL time.Duration `yaml:"max_ttl"`
+	// CacheLength also caches answers cut by finish_reason "length".
+	CacheLength bool `yaml:"cache_length"`
+}
+
+// Dedup and cache defaults.
+const (
+	DefaultDedupLeaseTTL  = 10 * time.Second
+	DefaultDedupRetain    = 10 * time.Second
+	DefaultIdempotencyTTL = 24 * time.Hour
+	DefaultCacheMaxBytes  = 256 << 20
+	DefaultCacheMaxTTL    = 24 * time.Hour
+)
 
 // Session defaults.
 const (
@@ -458,6 +515,13 @@ func (c *Config) SetDefaults(getenv func(string) string) {
 	setDuration(&u.IdleTimeout, DefaultIdleTimeout)
 	setDuration(&c.Budget.ReservationTTL, DefaultReservationTTL)
 	setString(&c.Sessions.Header, DefaultSessionHeader)
+	setDuration(&c.Dedup.LeaseTTL, DefaultDedupLeaseTTL)
+	setDuration(&c.Dedup.Retain, DefaultDedupRetain)
+	setDuration(&c.Dedup.IdempotencyTTL, DefaultIdempotencyTTL)
+	if c.Cache.MaxBytes == 0 {
+		c.Cache.MaxBytes = DefaultCacheMaxBytes
+	}
+	setDuration(&c.Cache.MaxTTL, DefaultCacheMaxTTL)
 	setDuration(&c.Sessions.TTL, DefaultSessionTTL)
 
 	for i := range c.Providers {

@@ -56,6 +56,17 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string) {
 	row("store down", "budgets %s, rate limits %s", map[bool]string{false: "fail closed (requests refused)", true: "fail open (no budget check)"}[c.Budget.FailOpen],
 		map[bool]string{false: "fail open (no limit check)", true: "fail closed (requests refused)"}[c.RateLimit.FailClosed])
 	row("reservations", "budget holds expire after %s if never settled", durationString(c.Budget.ReservationTTL))
+	dd := "off for temperature 0"
+	if c.Dedup.DeterministicOn() {
+		dd = "temperature-0 requests"
+	}
+	if len(c.Dedup.Models) > 0 {
+		dd += ", and every request to " + strings.Join(c.Dedup.Models, ", ")
+	}
+	row("de-duplication", "%s and Idempotency-Key requests share one upstream call; leader lease %s, idempotent answers kept %s",
+		dd, durationString(c.Dedup.LeaseTTL), durationString(c.Dedup.IdempotencyTTL))
+	row("cache", "tenants opt in (tenants[].cache) or requests ask (x-llmgate-cache-ttl, at most %s); memory store holds at most %s",
+		durationString(c.Cache.MaxTTL), c.Cache.MaxBytes)
 	row("sessions", "requests with the same %s header are served one at a time in arrival order; lease %s", c.Sessions.Header, durationString(c.Sessions.TTL))
 
 	deployments, _ := c.deployments(getenv, false)

@@ -164,6 +164,21 @@ func (v *validator) top() {
 	if h := c.Sessions.Header; !validHeaderName(h) {
 		v.add("sessions.header", "%s is not a valid HTTP header name", quote(h))
 	}
+	if d := c.Dedup.LeaseTTL; d < time.Second {
+		v.add("dedup.lease_ttl", "is %v; must be at least 1s, e.g. 10s", d)
+	}
+	if d := c.Dedup.Retain; d < 0 {
+		v.add("dedup.retain", "is %v; must be >= 0", d)
+	}
+	if d := c.Dedup.IdempotencyTTL; d < time.Second {
+		v.add("dedup.idempotency_ttl", "is %v; must be at least 1s, e.g. 24h", d)
+	}
+	if c.Cache.MaxBytes < 0 {
+		v.add("cache.max_bytes", "must be >= 0")
+	}
+	if d := c.Cache.MaxTTL; d < time.Second {
+		v.add("cache.max_ttl", "is %v; must be at least 1s, e.g. 24h", d)
+	}
 	if ttl := c.Budget.ReservationTTL; ttl <= 0 {
 		v.add("budget.reservation_ttl", "is %v; must be > 0, e.g. 15m", ttl)
 	} else if c.RequestTimeout > 0 && ttl < c.RequestTimeout {
@@ -490,6 +505,23 @@ func (v *validator) tenants() {
 		}
 		if t.MaxWait != nil && *t.MaxWait < 0 {
 			v.add(at+".max_wait", "is %v; must be >= 0 (0 = answer 429 at once instead of waiting)", *t.MaxWait)
+		}
+		if tc := t.Cache; tc != nil {
+			if tc.TTL <= 0 {
+				v.add(at+".cache.ttl", "is %v; required and > 0, e.g. 10m", tc.TTL)
+			} else if tc.TTL > c.Cache.MaxTTL {
+				v.add(at+".cache.ttl", "%v is above cache.max_ttl %v; lower it or raise cache.max_ttl", tc.TTL, c.Cache.MaxTTL)
+			}
+			for j, m := range tc.Models {
+				if _, ok := c.Targets(m); !ok {
+					v.add(fmt.Sprintf("%s.cache.models[%d]", at, j), "%s is not an alias (models:), a model a provider serves, or a provider/model target", quote(m))
+				}
+			}
+		}
+	}
+	for j, m := range c.Dedup.Models {
+		if _, ok := c.Targets(m); !ok {
+			v.add(fmt.Sprintf("dedup.models[%d]", j), "%s is not an alias (models:), a model a provider serves, or a provider/model target", quote(m))
 		}
 	}
 }
