@@ -21,9 +21,13 @@ import (
 	budgetmemory "github.com/llmgate/llmgate/budget/memory"
 	budgetredis "github.com/llmgate/llmgate/budget/redis"
 	"github.com/llmgate/llmgate/clock"
+	"github.com/llmgate/llmgate/dedup"
+	dedupmemory "github.com/llmgate/llmgate/dedup/memory"
+	dedupredis "github.com/llmgate/llmgate/dedup/redis"
 	"github.com/llmgate/llmgate/internal/config"
 	"github.com/llmgate/llmgate/internal/gateway"
 	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/storeurl"
 	"github.com/llmgate/llmgate/lock"
@@ -215,11 +219,15 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		rlBackend   ratelimit.Backend
 		bBackend    budget.Backend
 		lockBackend lock.Backend
+		dedupStore  dedup.Backend
+		cache       respcache.Store
 		ready       func(context.Context) error
 	)
 	if storeurl.IsMemory(cfg.Store) {
 		rlBackend = rlmemory.New(clock.Real{})
 		lockBackend = lockmemory.New(clock.Real{})
+		dedupStore = dedupmemory.New(clock.Real{})
+		cache = respcache.NewMemory(int64(cfg.Cache.MaxBytes), clock.Real{})
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			return nil, fmt.Errorf("state_dir %s: %w", cfg.StateDir, err)
 		}
@@ -238,13 +246,16 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		rlBackend = rlredis.New(client, rlredis.Config{})
 		bBackend = budgetredis.New(client, budgetredis.Config{})
 		lockBackend = lockredis.New(client, lockredis.Config{})
+		dedupStore = dedupredis.New(client, dedupredis.Config{})
+		cache = respcache.NewRedis(client, "")
 		ready = func(ctx context.Context) error {
 			return client.Do(ctx, client.B().Ping().Build()).Error()
 		}
 	}
 	limiter := ratelimit.New(rlBackend, ratelimit.WithLogger(log))
 	budgets, err := budget.New(bBackend, budget.Config{
-		Prices: cfg.Prices, // the defaults with the file's prices merged over them TTL: cfg.Budget.ReservationTTL, FailOpen: cfg.Budget.FailOpen, Logger: log,
+		Prices: cfg.Prices, // the defaults with the file's prices merged over them
+		TTL:    cfg.Budget.ReservationTTL, FailOpen: cfg.Budget.FailOpen, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -300,11 +311,24 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 
 		RateLimitFailClosed: cfg.RateLimit.FailClosed,
 		Locker:              lock.New(lockBackend),
+		Dedup:               dedup.New(dedupStore, dedup.Options{LeaseTTL: cfg.Dedup.LeaseTTL, Retain: cfg.Dedup.Retain}),
+		DedupDeterministic:  cfg.Dedup.DeterministicOn(),
+		DedupRetain:         cfg.Dedup.Retain,
+		IdempotencyTTL:      cfg.Dedup.IdempotencyTTL,
+		Cache:               cache,
+		CacheMaxTTL:         cfg.Cache.MaxTTL,
+		CacheLength:         cfg.Cache.CacheLength,
 		SessionHeader:       cfg.Sessions.Header,
 		SessionTTL:          cfg.Sessions.TTL,
 	}
 	if cfg.MaxWait == 0 {
 		opt.MaxWait = -1 // configured as "never wait"
+	}
+	if len(cfg.Dedup.Models) > 0 {
+		opt.DedupModels = make(map[string]bool, len(cfg.Dedup.Models))
+		for _, m := range cfg.Dedup.Models {
+			opt.DedupModels[m] = true
+		}
 	}
 	seenModel := map[string]bool{}
 	for _, d := range deps {
@@ -374,6 +398,15 @@ func gatewayTenant(ct *config.Tenant) (*gateway.Tenant, error) {
 		t.ModelLimits = make(map[string]gateway.Limits, len(ct.ModelLimits))
 		for m, l := range ct.ModelLimits {
 			t.ModelLimits[m] = gateway.Limits{RPM: l.RPM, TPM: l.TPM, Concurrency: l.Concurrency}
+		}
+	}
+	if ct.Cache != nil {
+		t.Cache = &gateway.TenantCache{TTL: ct.Cache.TTL}
+		if len(ct.Cache.Models) > 0 {
+			t.Cache.Models = make(map[string]bool, len(ct.Cache.Models))
+			for _, m := range ct.Cache.Models {
+				t.Cache.Models[m] = true
+			}
 		}
 	}
 	if ct.Budget != nil {

@@ -20,7 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/dedup"
 	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/lock"
 	"github.com/llmgate/llmgate/ratelimit"
 )
@@ -60,6 +62,8 @@ type Tenant struct {
 	Priority ratelimit.Priority
 	// MaxWait overrides Options.MaxWait when not nil.
 	MaxWait *time.Duration
+	// Cache opts the tenant into the response cache; nil means off.
+	Cache *TenantCache
 }
 
 // Model is an entry of GET /v1/models.
@@ -109,6 +113,27 @@ type Options struct {
 	// SessionTTL is the session lease: how long a dead replica can hold a
 	// session. Default DefaultSessionTTL.
 	SessionTTL time.Duration
+
+	// Dedup shares one upstream call among identical requests across
+	// replicas; nil disables de-duplication.
+	Dedup *dedup.Group
+	// DedupDeterministic de-duplicates requests with temperature 0
+	// automatically; DedupModels does so for these models whatever the
+	// temperature. Requests with an Idempotency-Key always share.
+	DedupDeterministic bool
+	DedupModels        map[string]bool
+	// DedupRetain is how long a finished automatic flight is still shared
+	// with late arrivals. Default DefaultDedupRetain.
+	DedupRetain time.Duration
+	// IdempotencyTTL is how long an Idempotency-Key's answer is kept for
+	// retries. Default DefaultIdempotencyTTL.
+	IdempotencyTTL time.Duration
+	// Cache stores completed answers; nil disables caching.
+	Cache respcache.Store
+	// CacheMaxTTL caps x-llmgate-cache-ttl. Default DefaultCacheMaxTTL.
+	CacheMaxTTL time.Duration
+	// CacheLength also caches answers cut by finish_reason "length".
+	CacheLength bool
 
 	// RateLimitFailClosed refuses requests (503) when the rate-limit store
 	// cannot be reached; the default admits them unchecked.
@@ -178,6 +203,15 @@ func New(opt Options) (*Gateway, error) {
 	}
 	if opt.CompletionEstimate <= 0 {
 		opt.CompletionEstimate = DefaultCompletionEstimate
+	}
+	if opt.DedupRetain <= 0 {
+		opt.DedupRetain = DefaultDedupRetain
+	}
+	if opt.IdempotencyTTL <= 0 {
+		opt.IdempotencyTTL = DefaultIdempotencyTTL
+	}
+	if opt.CacheMaxTTL <= 0 {
+		opt.CacheMaxTTL = DefaultCacheMaxTTL
 	}
 	if opt.SessionHeader == "" {
 		opt.SessionHeader = DefaultSessionHeader

@@ -40,9 +40,11 @@ type call struct {
 	// estimate is the usage reserved before the call.
 	promptEstimate, completionEstimate int64
 	outcome                            string // metrics label: ok, limited, budget, upstream_error, ...
-	// fence is the session lease's fencing token, sent upstream as
-	// x-fencing-token ("" without a session).
-	fence string
+	// session is the request's session id ("" without one); fence is the
+	// session lease's fencing token, sent upstream as x-fencing-token.
+	session, fence string
+	// hash is the body's content hash, once computed.
+	hash string
 }
 
 func (c *call) tokenEstimate() int64 { return c.promptEstimate + c.completionEstimate }
@@ -125,16 +127,30 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoi
 			aerr.Write(w)
 			return
 		}
-		if sid != "" {
-			lease, aerr := g.lockSession(ctx, c, sid)
-			if aerr != nil {
-				aerr.Write(w)
-				return
-			}
-			defer g.unlockSession(c, lease)
-		}
+		c.session = sid
 	}
-	g.run(ctx, w, r, c)
+	// Cache, then de-duplication, then the session, then admission: a hit
+	// or a follower costs no session turn, limit or budget.
+	cache, aerr := g.cacheFor(r, c)
+	if aerr != nil {
+		c.outcome = "bad_request"
+		aerr.Write(w)
+		return
+	}
+	if cache != nil && g.serveCached(ctx, w, c, cache) {
+		return
+	}
+	fl, aerr := g.flightFor(r, c)
+	if aerr != nil {
+		c.outcome = "bad_request"
+		aerr.Write(w)
+		return
+	}
+	if fl != nil {
+		g.share(ctx, w, r, c, fl, cache)
+		return
+	}
+	g.runLocked(ctx, w, r, c, cache)
 }
 
 // readBody reads the request body up to the configured limit.

@@ -19,7 +19,10 @@ import (
 	"github.com/llmgate/llmgate/budget"
 	budgetmemory "github.com/llmgate/llmgate/budget/memory"
 	"github.com/llmgate/llmgate/clock"
+	"github.com/llmgate/llmgate/dedup"
+	dedupmemory "github.com/llmgate/llmgate/dedup/memory"
 	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/ratelimit"
 	rlmemory "github.com/llmgate/llmgate/ratelimit/memory"
@@ -133,12 +136,15 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 			}
 			return nil, false
 		},
-		Limiter:          ratelimit.New(rlmemory.New(clock.Real{})),
-		Budgets:          bm,
-		Upstream:         up,
-		Tenants:          map[string]*Tenant{sha(tenantKey): h.teamA, sha(batchKey): h.batch},
-		Logger:           log,
-		AdminTokenSHA256: sha(adminToken),
+		Limiter:            ratelimit.New(rlmemory.New(clock.Real{})),
+		Budgets:            bm,
+		Upstream:           up,
+		Tenants:            map[string]*Tenant{sha(tenantKey): h.teamA, sha(batchKey): h.batch},
+		Logger:             log,
+		AdminTokenSHA256:   sha(adminToken),
+		Dedup:              dedup.New(dedupmemory.New(clock.Real{}), dedup.Options{LeaseTTL: time.Second}),
+		DedupDeterministic: true,
+		Cache:              respcache.NewMemory(64<<20, clock.Real{}),
 	}
 	for _, m := range simModels {
 		opt.Deployments = append(opt.Deployments, Deployment{

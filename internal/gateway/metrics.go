@@ -25,6 +25,8 @@ type metrics struct {
 	feedback429   *prometheus.CounterVec
 	admissionWait prometheus.Histogram
 	sessionWait   prometheus.Histogram
+	dedup         *prometheus.CounterVec
+	cache         *prometheus.CounterVec
 	settleErrors  prometheus.Counter
 }
 
@@ -66,12 +68,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "llmgate_session_wait_seconds", Help: "Time requests waited for their session's earlier requests.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 12),
 		}),
+		dedup: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_dedup_total", Help: "Requests that shared an upstream call, by role (leader made it, follower received it).",
+		}, []string{"role"}),
+		cache: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_cache_lookups_total", Help: "Response cache lookups, by result (hit, miss).",
+		}, []string{"result"}),
 		settleErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgate_settle_errors_total", Help: "Finished requests whose usage could not be recorded in the store.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.upstream, m.tokens, m.cost, m.limited,
-		m.budgetDenied, m.fallbacks, m.feedback429, m.admissionWait, m.sessionWait, m.settleErrors} {
+		m.budgetDenied, m.fallbacks, m.feedback429, m.admissionWait, m.sessionWait, m.dedup, m.cache, m.settleErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -168,13 +168,13 @@ func TestProvider429SlowsEveryone(t *testing.T) {
 }
 
 // waitFor polls cond (a state read, not a synchronisation stand-in) for up
-// to 2s.
+// to 10s.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 2s")
+			t.Fatal("condition not reached in 10s")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -1,0 +1,256 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/llmgate/llmgate/dedup"
+	"github.com/llmgate/llmgate/internal/openai"
+	"github.com/llmgate/llmgate/internal/respcache"
+)
+
+// Defaults of the sharing options.
+const (
+	DefaultDedupRetain    = 10 * time.Second
+	DefaultIdempotencyTTL = 24 * time.Hour
+	DefaultCacheMaxTTL    = 24 * time.Hour
+	maxIdempotencyKeyLen  = 256
+	// maxRecordBytes bounds an answer kept for the cache.
+	maxRecordBytes = 8 << 20
+)
+
+// TenantCache opts a tenant into the response cache.
+type TenantCache struct {
+	TTL time.Duration
+	// Models limits caching to these model names; nil means all.
+	Models map[string]bool
+}
+
+// flight says how a request shares its upstream call.
+type flight struct {
+	key, fingerprint string
+	retain           time.Duration
+	idempotent       bool
+}
+
+// contentHash is the SHA-256 of the canonical JSON of the body: key order
+// and whitespace do not change it.
+func (c *call) contentHash() (string, error) {
+	if c.hash != "" {
+		return c.hash, nil
+	}
+	canon, err := respcache.Canonical(c.body)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(canon)
+	c.hash = hex.EncodeToString(sum[:])
+	return c.hash, nil
+}
+
+// flightFor decides whether c shares its call: an Idempotency-Key always
+// does; otherwise a request deterministic by configuration (temperature 0,
+// or a model opted in) does. nil means c runs alone.
+func (g *Gateway) flightFor(r *http.Request, c *call) (*flight, *apiError) {
+	if g.opt.Dedup == nil {
+		return nil, nil
+	}
+	idem := r.Header.Get("Idempotency-Key")
+	auto := (g.opt.DedupDeterministic && c.req.Temperature != nil && *c.req.Temperature == 0) || g.opt.DedupModels[c.req.Model]
+	if idem == "" && !auto {
+		return nil, nil
+	}
+	hash, err := c.contentHash()
+	if err != nil {
+		return nil, nil // ParseRequest accepted it; a body Canonical refuses simply is not shared
+	}
+	if idem != "" {
+		if len(idem) > maxIdempotencyKeyLen || strings.ContainsFunc(idem, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			return nil, errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "idempotency-key",
+				"The Idempotency-Key must be at most %d printable characters.", maxIdempotencyKeyLen)
+		}
+		return &flight{key: "idem:" + c.tenant.Name + ":" + idem, fingerprint: hash, retain: g.opt.IdempotencyTTL, idempotent: true}, nil
+	}
+	return &flight{key: "auto:" + c.tenant.Name + ":" + hash, fingerprint: hash, retain: g.opt.DedupRetain}, nil
+}
+
+// share runs c through its flight: as the leader it runs the pipeline and
+// publishes the answer; as a follower it relays the leader's. It returns
+// false when c must run on its own after all (not used today, kept simple).
+func (g *Gateway) share(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call, fl *flight, cache *cacheFill) {
+	var (
+		wroteHead bool
+		wrote     int // body frames the client already has
+	)
+	for attempt := 0; ; attempt++ {
+		if ctx.Err() != nil {
+			if !wroteHead {
+				g.cancelled(c, ctx).Write(w)
+			}
+			return
+		}
+		leader, follower, err := g.opt.Dedup.Join(ctx, fl.key, fl.fingerprint, fl.retain)
+		switch {
+		case errors.Is(err, dedup.ErrConflict):
+			c.outcome = "conflict"
+			errf(http.StatusConflict, openai.TypeInvalidRequest, "idempotency_key_reused", "idempotency-key",
+				"This Idempotency-Key was already used with a different request body.").Write(w)
+			return
+		case err != nil:
+			// The store cannot coordinate: serve the request alone
+			// rather than fail it.
+			g.log.Warn("de-duplication unavailable; request runs alone", "request_id", c.id, "err", err)
+			if wroteHead {
+				return
+			}
+			g.runLocked(ctx, w, r, c, cache)
+			return
+		case leader != nil:
+			g.metrics.dedup.WithLabelValues("leader").Inc()
+			if !wroteHead {
+				w.Header().Set("X-Llmgate-Dedup", "leader")
+			}
+			g.lead(ctx, w, r, c, leader, cache, wroteHead, wrote)
+			return
+		}
+		g.metrics.dedup.WithLabelValues("follower").Inc()
+		done, err := g.follow(ctx, w, c, follower, &wroteHead, &wrote)
+		follower.Close()
+		if done {
+			return
+		}
+		if !errors.Is(err, dedup.ErrLeaderGone) || attempt >= 5 {
+			if !wroteHead {
+				if ctx.Err() != nil {
+					g.cancelled(c, ctx).Write(w)
+				} else {
+					c.outcome = "upstream_error"
+					g.log.Warn("following a shared request failed", "request_id", c.id, "err", err)
+					errf(http.StatusBadGateway, openai.TypeUpstream, "dedup_failed", "",
+						"The shared request this one waited for failed.").Write(w)
+				}
+			}
+			return
+		}
+		// The leader died or gave up: join again; this request may lead.
+	}
+}
+
+// lead runs the pipeline as the flight's leader, publishing the answer.
+func (g *Gateway) lead(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call, l *dedup.Leader, cache *cacheFill, skipHead bool, skip int) {
+	tee := &teeWriter{
+		ResponseWriter: w,
+		ctx:            ctx,
+		publish:        l.Publish,
+		skipHead:       skipHead,
+		skipFrames:     skip,
+	}
+	if cache != nil {
+		tee.record = &recording{max: maxRecordBytes}
+	}
+	g.runLocked(ctx, tee, r, c, nil)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	// A leader whose client left before the answer was complete gives up,
+	// so that a follower takes over (skipping what it already relayed);
+	// anything else, errors included, is the shared answer.
+	if !tee.wroteHead || tee.pubErr != nil || c.outcome == "cancelled" {
+		if err := l.Abort(fctx); err != nil {
+			g.log.Warn("could not abort a shared request", "request_id", c.id, "err", err)
+		}
+	} else if err := l.Finish(fctx); err != nil {
+		g.log.Warn("could not finish a shared request", "request_id", c.id, "err", err)
+	}
+	if cache != nil && tee.record != nil {
+		g.fillCache(c, cache, tee.record)
+	}
+}
+
+// follow relays a flight's frames to the client. It reports whether the
+// answer is complete; on ErrLeaderGone the caller joins again, skipping
+// what was already written.
+func (g *Gateway) follow(ctx context.Context, w http.ResponseWriter, c *call, f *dedup.Follower, wroteHead *bool, wrote *int) (bool, error) {
+	rc := http.NewResponseController(w)
+	headSeen, body := false, 0
+	for {
+		frame, err := f.Next(ctx)
+		if err == io.EOF {
+			if !*wroteHead {
+				return false, errors.New("gateway: shared answer had no head")
+			}
+			if c.outcome == "error" {
+				c.outcome = "ok"
+			}
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if len(frame) == 0 {
+			continue
+		}
+		switch frame[0] {
+		case frameHead:
+			if headSeen {
+				continue
+			}
+			headSeen = true
+			if *wroteHead {
+				continue
+			}
+			var hf headFrame
+			if json.Unmarshal(frame[1:], &hf) != nil || hf.Status < 100 || hf.Status > 999 {
+				return false, errors.New("gateway: unreadable shared answer")
+			}
+			h := w.Header()
+			for k, v := range hf.Header {
+				h[k] = v
+			}
+			h.Set("X-Llmgate-Dedup", "follower")
+			w.WriteHeader(hf.Status)
+			*wroteHead = true
+			c.outcome = "ok"
+			if hf.Status >= 400 {
+				c.outcome = "upstream_" + statusClass(hf.Status)
+			}
+		case frameBody:
+			body++
+			if body <= *wrote {
+				continue // the client has it from an earlier leader
+			}
+			if _, err := w.Write(frame[1:]); err != nil {
+				return true, nil // the client left
+			}
+			_ = rc.Flush()
+			*wrote = body
+		}
+	}
+}
+
+// runLocked is the rest of the pipeline: the session lock, then run.
+func (g *Gateway) runLocked(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call, cache *cacheFill) {
+	if c.session != "" {
+		lease, aerr := g.lockSession(ctx, c, c.session)
+		if aerr != nil {
+			aerr.Write(w)
+			return
+		}
+		defer g.unlockSession(c, lease)
+	}
+	if cache == nil {
+		g.run(ctx, w, r, c)
+		return
+	}
+	tee := &teeWriter{ResponseWriter: w, ctx: ctx, record: &recording{max: maxRecordBytes}}
+	g.run(ctx, tee, r, c)
+	if tee.record != nil {
+		g.fillCache(c, cache, tee.record)
+	}
+}
