@@ -90,10 +90,10 @@ type Backend interface {
 	// readable for up to linger), and the frames are dropped. It is a no-op
 	// if gen is not the running generation (it finished, or was replaced).
 	Abort(ctx context.Context, key string, gen uint64, linger time.Duration) error
-	// Read returns up to max frames of generation gen after cursor ("" is
+	// Read returns up to limit frames of generation gen after cursor ("" is
 	// the start). If none are available it waits up to wait (0: not at
 	// all) for one to be appended or for the generation to end, or until
 	// ctx ends (then ctx.Err()). A generation the store no longer knows is
 	// StateNone.
-	Read(ctx context.Context, key string, gen uint64, cursor string, max int, wait time.Duration) (Batch, error)
+	Read(ctx context.Context, key string, gen uint64, cursor string, limit int, wait time.Duration) (Batch, error)
 }

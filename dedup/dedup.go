@@ -28,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -72,8 +73,9 @@ const (
 	DefaultMaxFrames = 1 << 17
 	// MinLeaseTTL is the smallest LeaseTTL accepted.
 	MinLeaseTTL = 100 * time.Millisecond
-	// MinRetain is the smallest retain period accepted.
-	MinRetain = 10 * time.Millisecond
+	// MinRetain is the smallest retain period accepted (the store's
+	// expiry resolution).
+	MinRetain = time.Millisecond
 	// MaxKeyLen and MaxFingerprintLen bound the strings stored per flight.
 	MaxKeyLen         = 1024
 	MaxFingerprintLen = 1024
@@ -194,7 +196,11 @@ func New(b Backend, opts Options) *Group {
 // Options returns the Group's options with defaults filled in.
 func (g *Group) Options() Options { return g.opts }
 
-func flightID(key, fingerprint string) string { return key + "\x00" + fingerprint }
+// flightID names a local flight; the length prefix keeps ("a", "bc") and
+// ("ab", "c") apart whatever bytes they contain.
+func flightID(key, fingerprint string) string {
+	return strconv.Itoa(len(key)) + ":" + key + fingerprint
+}
 
 func validate(key, fingerprint string, retain time.Duration) error {
 	switch {

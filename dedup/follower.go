@@ -27,7 +27,7 @@ type flight struct {
 	gen        uint64
 	leader     *Leader // the local leader, if any
 	remote     bool    // frames come from the store
-	cursor     string // store position after frames (remote)
+	cursor     string  // store position after frames (remote)
 	frames     [][]byte
 	size       int64
 	err        error // io.EOF, ErrLeaderGone, ErrTooLarge...; nil while more may come
@@ -146,12 +146,14 @@ type Follower struct {
 // finished flight. When the leader died (its lease expired with the flight
 // unfinished) or aborted, Next returns ErrLeaderGone: Join again (and
 // perhaps lead). The frames of the next generation are the same for a
-// deterministic request, so skip as many as were already consumed. ErrTooLarge
-// means the flight grew past this Group's limits.
+// deterministic request, so skip as many as were already consumed.
+// ErrTooLarge means the flight grew past this Group's limits. A store error
+// is retried a few times before it is returned; the Follower stays usable
+// after any error but ErrClosed.
 //
 // Next honours ctx: when it ends, Next returns ctx.Err() promptly and leaves
-// nothing running; the Follower stays usable. The returned slice is shared
-// with the other followers and must not be modified.
+// nothing running. The returned slice is shared with the other followers
+// and must not be modified.
 func (fo *Follower) Next(ctx context.Context) ([]byte, error) {
 	if fo.closed.Load() {
 		return nil, ErrClosed
@@ -176,13 +178,14 @@ func (fo *Follower) Next(ctx context.Context) ([]byte, error) {
 			f.mu.Unlock()
 			return nil, err
 		}
+		// A remote flight nobody reads for us: read the store ourselves,
+		// blocking for up to wait. Too close to ctx's deadline to block
+		// (wait 0), look once and then wait here.
 		wait := time.Duration(-1)
 		if f.remote && !f.fetching {
 			wait = f.g.waitFor(ctx)
 		}
 		if wait > 0 || (wait == 0 && !polled) {
-			// Too close to ctx's deadline to block in the store: look once,
-			// then wait here.
 			polled = wait == 0
 			f.fetching = true
 			f.mu.Unlock()
@@ -215,7 +218,8 @@ func (fo *Follower) Next(ctx context.Context) ([]byte, error) {
 	}
 }
 
-// Consumed returns how many frames Next has returned.
+// Consumed returns how many frames Next has returned (call it from the
+// goroutine that calls Next).
 func (fo *Follower) Consumed() int { return fo.pos }
 
 // Close stops following and frees local resources. It is idempotent.

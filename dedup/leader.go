@@ -201,11 +201,11 @@ func (l *Leader) lose() {
 		l.state = lost
 	}
 	l.mu.Unlock()
+	if was != leading {
+		return // Finish or Abort came first: nothing was lost
+	}
 	l.lostOnce.Do(func() { close(l.lost) })
 	l.f.end(ErrLeaderGone)
-	if was != leading {
-		return
-	}
 	// Tell followers elsewhere at once rather than after their next lease
 	// check; a no-op if someone else already took over.
 	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)

@@ -65,6 +65,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dedup.Backend) {
 		{"TooManyFrames", s.testTooManyFrames},
 		{"EmptyAndBinaryFrames", s.testBinaryFrames},
 		{"FencesIncrease", s.testFencesIncrease},
+		{"DistinctRequestsDoNotShare", s.testDistinct},
 		{"ClosedUse", s.testClosedUse},
 		{"FollowerCloseKeepsOthers", s.testFollowerClose},
 		{"RejoinSkipsConsumedFrames", s.testRejoinSkip},
@@ -940,6 +941,34 @@ func (s *suite) testFencesIncrease(t *testing.T) {
 	}
 }
 
+// testDistinct: flights of different keys, or of one key with different
+// fingerprints, never share frames, whatever bytes the keys and fingerprints
+// contain.
+func (s *suite) testDistinct(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	p := s.process(t, dedup.Options{LeaseTTL: longLease})
+	base := newKey(t)
+	pairs := [][2]string{{base + "a\x00b", "c"}, {base + "a", "b\x00c"}, {base + "a\x00", "bc"}, {base + "{x}", ""}, {base + "é", "\xff"}}
+	// All running at once: each joiner must lead its own flight.
+	leaders := make([]*dedup.Leader, len(pairs))
+	for i, kf := range pairs {
+		leaders[i] = mustLead(t, ctx, p.g, kf[0], kf[1])
+	}
+	followers := make([]*dedup.Follower, len(pairs))
+	for i, kf := range pairs {
+		followers[i] = mustFollow(t, ctx, p.g, kf[0], kf[1])
+	}
+	for i, l := range leaders {
+		mustPublish(t, ctx, l, frame(i))
+		if err := l.Finish(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, f := range followers {
+		expectFrames(t, ctx, f, frame(i))
+	}
+}
+
 // testClosedUse: a Leader after Finish or Abort and a Follower after Close
 // refuse with ErrClosed; Abort after either is a no-op.
 func (s *suite) testClosedUse(t *testing.T) {
@@ -1087,9 +1116,9 @@ type Faulty struct {
 	dedup.Backend
 	locks faultyLocks
 
-	down                    atomic.Bool
-	reads, lookups, claims  atomic.Int64
-	refuseExtend            atomic.Bool
+	down                   atomic.Bool
+	reads, lookups, claims atomic.Int64
+	refuseExtend           atomic.Bool
 }
 
 // ErrPartitioned is returned by a partitioned Faulty.
@@ -1109,10 +1138,14 @@ func (f *Faulty) Partition(down bool) { f.down.Store(down) }
 // lock was taken away in the store.
 func (f *Faulty) RefuseExtend(v bool) { f.refuseExtend.Store(v) }
 
-// Reads, Lookups and Claims count calls made.
-func (f *Faulty) Reads() int64   { return f.reads.Load() }
+// Reads counts the Read calls made.
+func (f *Faulty) Reads() int64 { return f.reads.Load() }
+
+// Lookups counts the Lookup calls made.
 func (f *Faulty) Lookups() int64 { return f.lookups.Load() }
-func (f *Faulty) Claims() int64  { return f.claims.Load() }
+
+// Claims counts the Claim calls made.
+func (f *Faulty) Claims() int64 { return f.claims.Load() }
 
 func (f *Faulty) check() error {
 	if f.down.Load() {
@@ -1121,8 +1154,10 @@ func (f *Faulty) check() error {
 	return nil
 }
 
+// Locks returns the wrapped lock store, subject to the same faults.
 func (f *Faulty) Locks() lock.Backend { return &f.locks }
 
+// Lookup counts and forwards the call unless partitioned.
 func (f *Faulty) Lookup(ctx context.Context, key string) (dedup.Flight, error) {
 	f.lookups.Add(1)
 	if err := f.check(); err != nil {
@@ -1131,6 +1166,7 @@ func (f *Faulty) Lookup(ctx context.Context, key string) (dedup.Flight, error) {
 	return f.Backend.Lookup(ctx, key)
 }
 
+// Claim counts and forwards the call unless partitioned.
 func (f *Faulty) Claim(ctx context.Context, key, fp string, gen uint64, keep time.Duration) (dedup.Flight, error) {
 	f.claims.Add(1)
 	if err := f.check(); err != nil {
@@ -1139,6 +1175,7 @@ func (f *Faulty) Claim(ctx context.Context, key, fp string, gen uint64, keep tim
 	return f.Backend.Claim(ctx, key, fp, gen, keep)
 }
 
+// Append forwards the call unless partitioned.
 func (f *Faulty) Append(ctx context.Context, key string, gen uint64, frame []byte, keep time.Duration) error {
 	if err := f.check(); err != nil {
 		return err
@@ -1146,6 +1183,7 @@ func (f *Faulty) Append(ctx context.Context, key string, gen uint64, frame []byt
 	return f.Backend.Append(ctx, key, gen, frame, keep)
 }
 
+// Refresh forwards the call unless partitioned.
 func (f *Faulty) Refresh(ctx context.Context, key string, gen uint64, keep time.Duration) error {
 	if err := f.check(); err != nil {
 		return err
@@ -1153,6 +1191,7 @@ func (f *Faulty) Refresh(ctx context.Context, key string, gen uint64, keep time.
 	return f.Backend.Refresh(ctx, key, gen, keep)
 }
 
+// Finish forwards the call unless partitioned.
 func (f *Faulty) Finish(ctx context.Context, key string, gen uint64, retain time.Duration) error {
 	if err := f.check(); err != nil {
 		return err
@@ -1160,6 +1199,7 @@ func (f *Faulty) Finish(ctx context.Context, key string, gen uint64, retain time
 	return f.Backend.Finish(ctx, key, gen, retain)
 }
 
+// Abort forwards the call unless partitioned.
 func (f *Faulty) Abort(ctx context.Context, key string, gen uint64, linger time.Duration) error {
 	if err := f.check(); err != nil {
 		return err
@@ -1167,12 +1207,13 @@ func (f *Faulty) Abort(ctx context.Context, key string, gen uint64, linger time.
 	return f.Backend.Abort(ctx, key, gen, linger)
 }
 
-func (f *Faulty) Read(ctx context.Context, key string, gen uint64, cursor string, max int, wait time.Duration) (dedup.Batch, error) {
+// Read counts and forwards the call unless partitioned.
+func (f *Faulty) Read(ctx context.Context, key string, gen uint64, cursor string, limit int, wait time.Duration) (dedup.Batch, error) {
 	f.reads.Add(1)
 	if err := f.check(); err != nil {
 		return dedup.Batch{}, err
 	}
-	return f.Backend.Read(ctx, key, gen, cursor, max, wait)
+	return f.Backend.Read(ctx, key, gen, cursor, limit, wait)
 }
 
 type faultyLocks struct {

@@ -214,9 +214,9 @@ func (b *Backend) Abort(_ context.Context, key string, gen uint64, _ time.Durati
 	return nil
 }
 
-// Read returns up to max frames of generation gen after cursor (a frame
+// Read returns up to limit frames of generation gen after cursor (a frame
 // index), waiting up to wait for one.
-func (b *Backend) Read(ctx context.Context, key string, gen uint64, cursor string, max int, wait time.Duration) (dedup.Batch, error) {
+func (b *Backend) Read(ctx context.Context, key string, gen uint64, cursor string, limit int, wait time.Duration) (dedup.Batch, error) {
 	pos := 0
 	if cursor != "" {
 		n, err := strconv.Atoi(cursor)
@@ -225,7 +225,7 @@ func (b *Backend) Read(ctx context.Context, key string, gen uint64, cursor strin
 		}
 		pos = n
 	}
-	max = min(max, 1<<20)
+	limit = min(max(limit, 1), 1<<20)
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -245,7 +245,7 @@ func (b *Backend) Read(ctx context.Context, key string, gen uint64, cursor strin
 			return dedup.Batch{}, fmt.Errorf("dedup: memory: cursor %d beyond the %d frames of %q generation %d", pos, len(l.frames), key, gen)
 		}
 		if pos < len(l.frames) || l.state != dedup.StateRunning || wait <= 0 {
-			end := min(len(l.frames), pos+max)
+			end := min(len(l.frames), pos+limit)
 			batch := dedup.Batch{Frames: l.frames[pos:end:end], Cursor: strconv.Itoa(end), State: dedup.StateRunning}
 			if end == len(l.frames) {
 				batch.State = l.state
