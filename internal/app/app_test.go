@@ -54,10 +54,11 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-func TestServeNotBuiltYet(t *testing.T) {
+// TestServeRefusesOpenPublicListen: without tenants the gateway is open, so
+// it must not listen on every interface.
+func TestServeRefusesOpenPublicListen(t *testing.T) {
 	code, stdout, stderr := runApp(t, nil, "serve", "--listen", ":8080")
-	want := "llmgate serve: the gateway is not built yet (see issue 4); try 'llmgate lock --help'"
-	if code != 2 || stdout != "" || oneLine(t, stderr) != want {
+	if code != 2 || stdout != "" || !strings.Contains(stderr, "listen") || !strings.Contains(stderr, "tenants") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }

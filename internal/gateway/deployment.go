@@ -17,6 +17,11 @@ type deployment struct {
 	headroom atomic.Int64
 	// observing is set while a provider's remaining count is being shared.
 	observing atomic.Bool
+	// learnedRPM and learnedTPM are the limits the provider reports for
+	// this key and model (x-ratelimit-limit-*); 0 until seen. Admission
+	// uses the lower of them and the configured limits, so a key whose
+	// real quota is below the configuration is not overrun.
+	learnedRPM, learnedTPM atomic.Int64
 }
 
 func newDeployment(d *Deployment) *deployment {
@@ -42,8 +47,26 @@ func (d *deployment) learn(st []ratelimit.Status) {
 	}
 }
 
-// learnProvider records remaining quota the provider itself reported.
+// lowest returns the smaller of two limits where 0 means none.
+func lowest(a, b int64) int64 {
+	switch {
+	case a <= 0:
+		return max(b, 0)
+	case b <= 0:
+		return a
+	}
+	return min(a, b)
+}
+
+// learnProvider records the limits and remaining quota the provider itself
+// reported.
 func (d *deployment) learnProvider(limitReq, remReq, limitTok, remTok int64) {
+	if limitReq > 0 && limitReq != d.learnedRPM.Load() {
+		d.learnedRPM.Store(limitReq)
+	}
+	if limitTok > 0 && limitTok != d.learnedTPM.Load() {
+		d.learnedTPM.Store(limitTok)
+	}
 	h := int64(1e6)
 	seen := false
 	if limitReq > 0 && remReq >= 0 {
@@ -66,6 +89,8 @@ const unlimitedRPM = 1 << 40
 // tokens.
 func (d *deployment) charges(dst []ratelimit.Charge, tokens int64) []ratelimit.Charge {
 	l := d.Limits
+	l.RPM = lowest(l.RPM, d.learnedRPM.Load())
+	l.TPM = lowest(l.TPM, d.learnedTPM.Load())
 	if !l.any() {
 		l.RPM = unlimitedRPM
 	}

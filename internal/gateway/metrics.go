@@ -23,6 +23,7 @@ type metrics struct {
 	budgetDenied  *prometheus.CounterVec
 	fallbacks     *prometheus.CounterVec
 	feedback429   *prometheus.CounterVec
+	retries429    prometheus.Counter
 	admissionWait prometheus.Histogram
 	sessionWait   prometheus.Histogram
 	dedup         *prometheus.CounterVec
@@ -60,6 +61,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		feedback429: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgate_upstream_429_total", Help: "429 answers from providers (each one slows every replica down).",
 		}, []string{"deployment"}),
+		retries429: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgate_upstream_429_retries_total", Help: "Requests sent back to the rate-limit queue after a provider 429.",
+		}),
 		admissionWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "llmgate_admission_wait_seconds", Help: "Time requests waited in the rate-limit queue.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 12),
@@ -79,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.upstream, m.tokens, m.cost, m.limited,
-		m.budgetDenied, m.fallbacks, m.feedback429, m.admissionWait, m.sessionWait, m.dedup, m.cache, m.settleErrors} {
+		m.budgetDenied, m.fallbacks, m.feedback429, m.retries429, m.admissionWait, m.sessionWait, m.dedup, m.cache, m.settleErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

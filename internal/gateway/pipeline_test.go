@@ -152,7 +152,9 @@ func TestProvider429SlowsEveryone(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatal(resp.StatusCode)
 	}
-	resp = h.post("/v1/chat/completions", tenantKey, chatBody) // the provider's 429, passed on
+	// The provider's 429 sends the request back to the queue, where the
+	// cooldown it set holds it: without time to wait, it is a 429.
+	resp = h.post("/v1/chat/completions", tenantKey, chatBody, "X-Llmgate-Max-Wait", "0")
 	resp.Body.Close()
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("status %d headers %v", resp.StatusCode, resp.Header)

@@ -47,6 +47,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 	}
 	bodies := make(map[string][]byte, 1) // upstream body per upstream model
 	var lastErr *apiError
+	retries429 := 0
 	for len(cands) > 0 {
 		// Fall back along the route: the first target's deployments
 		// first; a failed deployment is dropped and the next one tried.
@@ -71,6 +72,9 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			Body:   body,
 			Header: upstreamHeader(r, c),
 			Stream: c.req.Stream,
+			// A provider 429 is retried here, through the shared limiter
+			// (which its cooldown now holds back), not by the client.
+			NoRetry429: true,
 		})
 		last := len(cands) == 1
 		if err != nil {
@@ -81,6 +85,15 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			}
 			lastErr = g.upstreamError(c, adm.dep, err)
 			cands = drop(cands, adm.dep)
+			continue
+		}
+		if last && resp.StatusCode == http.StatusTooManyRequests && retries429 < maxRetries429 && g.worthRetrying(ctx, resp) {
+			// Wait for the cooldown in the fair queue like everyone else,
+			// then try again.
+			retries429++
+			g.metrics.retries429.Inc()
+			drain(resp)
+			g.refund(adm)
 			continue
 		}
 		if !last && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
@@ -99,6 +112,26 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 		lastErr = errf(http.StatusBadGateway, openai.TypeUpstream, "upstream_error", "", "No deployment could answer the request.")
 	}
 	lastErr.Write(w)
+}
+
+// maxRetries429 bounds how often one request goes back to the queue after a
+// provider 429.
+const maxRetries429 = 3
+
+// worthRetrying reports whether a provider 429 should be retried: it is not
+// a quota exhaustion (no retry will help) and the request's deadline leaves
+// room for the provider's retry-after.
+func (g *Gateway) worthRetrying(ctx context.Context, resp *http.Response) bool {
+	if strings.EqualFold(resp.Header.Get("X-Should-Retry"), "false") {
+		return false
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		f := provider.ParseFeedback(resp.StatusCode, resp.Header)
+		if f.RetryAfter > 0 && time.Until(dl) < f.RetryAfter {
+			return false
+		}
+	}
+	return true
 }
 
 // sameTarget returns how many leading candidates share the first one's

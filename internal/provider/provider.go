@@ -105,6 +105,11 @@ type Request struct {
 	// first token, roughly) is tracked apart from non-streaming calls (the
 	// whole generation), so that neither skews the other's timeout.
 	Stream bool
+	// NoRetry429 returns a 429 at once (after Feedback) instead of waiting
+	// its retry-after and retrying: a caller with a shared limiter retries
+	// through the limiter, so that the retry takes its turn with everyone
+	// else's requests.
+	NoRetry429 bool
 }
 
 // Result tells how a Do call went.
@@ -299,7 +304,7 @@ func (c *Client) Do(ctx context.Context, t *Target, req Request) (*http.Response
 	lat := &st.lat[b2i(req.Stream)]
 	res.Latencies = make([]time.Duration, 0, min(maxAttempts, 4))
 	for {
-		a, took := c.attempt(ctx, t, base, req.Body, lat)
+		a, took := c.attempt(ctx, t, base, &req, lat)
 		res.Attempts++
 		res.Latencies = append(res.Latencies, took)
 		if a.err != nil && a.err != errHeaderTimeout && ctx.Err() != nil {
@@ -371,7 +376,8 @@ func (c *Client) retryWait(ctx context.Context, st *targetState, tk ticket, res 
 // timer covers the wait for headers and, for an error status, the read of
 // the (small) error body; never the body of a response returned to the
 // caller.
-func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, body []byte, lat *latency) (attempt, time.Duration) {
+func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, req *Request, lat *latency) (attempt, time.Duration) {
+	body := req.Body
 	a := attempt{timeout: lat.current()}
 	actx, cancel := context.WithCancelCause(ctx)
 	timer := c.cfg.Clock.AfterFunc(a.timeout, func() { cancel(errHeaderTimeout) })
@@ -404,7 +410,7 @@ func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, bod
 		if status == http.StatusTooManyRequests {
 			var quota bool
 			kind, quota = rateLimitKind(b.buf)
-			a.retryable = a.retryable && !quota
+			a.retryable = a.retryable && !quota && !req.NoRetry429
 		}
 	}
 	if !timer.Stop() && !complete {
