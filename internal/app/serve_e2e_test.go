@@ -1,0 +1,905 @@
+//go:build unix
+
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
+
+	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/internal/testutil"
+)
+
+// The end-to-end tests run real 'llmgate serve' processes (the binary
+// TestMain builds), several replicas sharing one real redis-server, in
+// front of the simulated provider running in the test on a loopback port.
+
+// TestE2EReplicasShareProviderRPM: the provider allows 600 requests per
+// minute for the key; three replicas configured with that limit take a
+// burst of 1,000 requests from 50 clients. The provider must never answer
+// 429, a client gets 429 only after waiting its whole max_wait, and the
+// arrivals at the provider fit a 600-request bucket refilling at 10/s.
+func TestE2EReplicasShareProviderRPM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 1,000-request burst that lasts about 30s; runs without -short")
+	}
+	logRuntime(t)
+	const (
+		rpm      = 600
+		requests = 1000
+		clients  = 50
+		warmup   = 10
+		// maxWait is short enough that some requests give up waiting
+		// (50 waiters, 10 admitted per second), so both outcomes are seen.
+		maxWait = 3 * time.Second
+	)
+	rds := testutil.StartRedis(t)
+	models := []string{"gpt-4.1", "gpt-4.1-mini"}
+	s := newE2ESim(t, sim.Config{Models: models, RPM: rpm, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicas(t, 3, gatewayConfig{
+		Store: rds.URL(), SimURL: s.url, Limits: fmt.Sprintf("{rpm: %d}", rpm), Models: models,
+		MaxWait: maxWait.String(), RequestTimeout: "60s", LogLevel: "info",
+	})
+	sdks := make([]openai.Client, len(reps))
+	for i, r := range reps {
+		sdks[i] = r.sdk(e2eTenantKey)
+	}
+
+	type result struct {
+		took    time.Duration
+		status  int // 200, the error status, or -1 for a transport error
+		code    string
+		relayed bool // the answer came from the provider (x-llmgate-deployment)
+		err     error
+	}
+	results := make([]result, requests)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	// Warm-up. The provider's bucket and the gateway's are independent;
+	// each starts when it first sees a request, the provider's later by
+	// that request's trip from admission to the provider. Any later request
+	// with a shorter trip finds the provider's bucket short of what the
+	// gateway's had. Had the burst started on full buckets, that first trip
+	// would be one of 50 requests competing for the replicas (tens of
+	// milliseconds: a token at 10/s). So: first one request per replica on
+	// another model (it has its own buckets) opens every connection and
+	// runs every code path once; then requests one at a time on an idle
+	// system start the two buckets as close together as they can be. The
+	// warm-up takes a fraction of the second it takes the buckets to refill
+	// what it used, so they are not full again when the burst begins.
+	for i, c := range sdks {
+		p := chatParams("warm-up", 4)
+		p.Model = "gpt-4.1-mini"
+		if _, err := c.Chat.Completions.New(ctx, p); err != nil {
+			t.Fatalf("warm-up via %s: %v", reps[i].name, err)
+		}
+	}
+	for i := range warmup {
+		if _, err := sdks[i%len(sdks)].Chat.Completions.New(ctx, chatParams(fmt.Sprintf("warm-up %d", i), 4)); err != nil {
+			t.Fatalf("warm-up request %d: %v", i, err)
+		}
+	}
+
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	begin := time.Now()
+	for range clients {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= requests || ctx.Err() != nil {
+					return
+				}
+				rctx, rcancel := context.WithTimeout(ctx, 60*time.Second)
+				start := time.Now()
+				_, err := sdks[i%len(sdks)].Chat.Completions.New(rctx, chatParams(fmt.Sprintf("request %d", i), 4))
+				res := result{took: time.Since(start), status: http.StatusOK}
+				rcancel()
+				if err != nil {
+					res.err = err
+					if e := sdkError(err); e != nil {
+						res.status, res.code = e.StatusCode, e.Code
+						res.relayed = e.Response != nil && e.Response.Header.Get("X-Llmgate-Deployment") != ""
+					} else {
+						res.status = -1
+					}
+				}
+				results[i] = res
+			}
+		})
+	}
+	wg.Wait()
+	burst := time.Since(begin)
+
+	var ok, limited int
+	var slowestOK time.Duration
+	for i, r := range results {
+		switch {
+		case r.status == http.StatusOK:
+			ok++
+			slowestOK = max(slowestOK, r.took)
+		case r.status == http.StatusTooManyRequests && !r.relayed && r.code == "rate_limit_exceeded":
+			limited++
+			// The client's clock starts before the gateway's wait does.
+			if r.took < maxWait {
+				t.Errorf("request %d: 429 after %v, before its max_wait of %v", i, r.took, maxWait)
+			}
+		default:
+			t.Errorf("request %d: status %d code %q relayed %v after %v: %v", i, r.status, r.code, r.relayed, r.took, r.err)
+		}
+	}
+	st := s.Stats().Total
+	arrivals, limitedAt := s.Arrivals("gpt-4.1")
+	t.Logf("%d requests in %v: %d answered (slowest %v), %d got 429 after waiting; provider: %d calls, %d 429s",
+		requests, burst.Round(time.Millisecond), ok, slowestOK.Round(time.Millisecond), limited, st.Calls, st.RateLimited)
+	if st.RateLimited != 0 {
+		var at []string
+		for _, l := range limitedAt {
+			n := 0
+			for _, a := range arrivals {
+				if !a.After(l) {
+					n++
+				}
+			}
+			at = append(at, fmt.Sprintf("arrival #%d, %v after the first", n, l.Sub(arrivals[0]).Round(time.Millisecond)))
+		}
+		t.Errorf("the provider answered %d requests with 429 (%s); the replicas must share its limit", st.RateLimited, strings.Join(at, "; "))
+	}
+	if st.Calls != int64(ok+warmup+len(reps)) || len(arrivals) != ok+warmup {
+		t.Errorf("%d answers and %d+%d warm-ups, but the provider saw %d requests for gpt-4.1 and served %d in all",
+			ok, warmup, len(reps), len(arrivals), st.Calls)
+	}
+	if ok < rpm-warmup {
+		t.Errorf("only %d requests answered; the first %d should go through at once", ok, rpm-warmup)
+	}
+	// Every window of the arrivals fits the provider's bucket: at most
+	// rpm at once, plus rpm/60 per second of the window.
+	slices.SortFunc(arrivals, func(a, b time.Time) int { return a.Compare(b) })
+	checkBucketBound(t, arrivals, rpm, rpm/60.0)
+}
+
+// checkBucketBound fails the test if some window [arrivals[i],
+// arrivals[j]] holds more arrivals than a token bucket of size burst
+// refilling at perSec admits: burst + perSec × the window's length. One
+// arrival of slack covers the time between the recording and the
+// provider's own clock reading.
+func checkBucketBound(t *testing.T, arrivals []time.Time, burst, perSec float64) {
+	t.Helper()
+	worst, worstI, worstJ := -1e18, 0, 0
+	for i := range arrivals {
+		for j := i; j < len(arrivals); j++ {
+			n := float64(j - i + 1)
+			allowed := burst + perSec*arrivals[j].Sub(arrivals[i]).Seconds()
+			if n-allowed > worst {
+				worst, worstI, worstJ = n-allowed, i, j
+			}
+		}
+	}
+	if len(arrivals) == 0 {
+		return
+	}
+	span := arrivals[worstJ].Sub(arrivals[worstI])
+	t.Logf("tightest window: %d arrivals in %v (the bucket allows %.1f)", worstJ-worstI+1, span.Round(time.Millisecond),
+		burst+perSec*span.Seconds())
+	if worst > 1 {
+		t.Errorf("%d requests reached the provider within %v; a bucket of %.0f refilling at %.1f/s allows %.1f",
+			worstJ-worstI+1, span, burst, perSec, burst+perSec*span.Seconds())
+	}
+}
+
+// usageOf reads the tenant's budget state from GET /admin/usage.
+func usageOf(ctx context.Context, r *replica, tenant string) (spent int64, holds int, err error) {
+	var out []struct {
+		Tenant string `json:"tenant"`
+		Budget *struct {
+			SpentTokens int64 `json:"spent_tokens"`
+			CapTokens   int64 `json:"cap_tokens"`
+			Reserved    int   `json:"live_reservations"`
+		} `json:"budget"`
+	}
+	if err := r.get(ctx, "/admin/usage?tenant="+tenant, e2eAdminToken, &out); err != nil {
+		return 0, 0, err
+	}
+	if len(out) != 1 || out[0].Budget == nil {
+		return 0, 0, fmt.Errorf("admin usage of %s has no budget: %+v", tenant, out)
+	}
+	return out[0].Budget.SpentTokens, out[0].Budget.Reserved, nil
+}
+
+// TestE2EBudgetStopsAcrossReplicas: a tenant with a 2,000-token daily
+// budget sends from 24 clients through three replicas at once. What it
+// spends never exceeds the budget, the provider served exactly what was
+// charged, and once the budget is used up every replica answers 429
+// insufficient_quota with x-should-retry: false.
+func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
+	logRuntime(t)
+	const (
+		budgetTokens = 2000
+		maxTokens    = 30
+		perReplica   = 8
+		maxPerClient = 200 // far more than the budget allows
+	)
+	rds := testutil.StartRedis(t)
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicas(t, 3, gatewayConfig{
+		Store: rds.URL(), SimURL: s.url, LogLevel: "info",
+		Budget: fmt.Sprintf("{period: day, tokens: %d}", budgetTokens),
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+
+	// An observer samples the spend on every replica in turn while the
+	// clients run: it must never be above the budget, even for a moment.
+	stopObs, obsDone := make(chan struct{}), make(chan struct{})
+	var maxSeen int64
+	var samples int
+	go func() {
+		defer close(obsDone)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			if spent, _, err := usageOf(ctx, reps[i%len(reps)], "team-a"); err == nil {
+				maxSeen = max(maxSeen, spent)
+				samples++
+			}
+			select {
+			case <-stopObs:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+
+	var answered, stopped atomic.Int64
+	errs := make(chan error, len(reps)*perReplica)
+	var wg sync.WaitGroup
+	for ri, r := range reps {
+		c := r.sdk(e2eTenantKey)
+		for k := range perReplica {
+			wg.Go(func() {
+				for n := range maxPerClient {
+					_, err := c.Chat.Completions.New(ctx, chatParams(fmt.Sprintf("budget %d/%d/%d", ri, k, n), maxTokens))
+					if err == nil {
+						answered.Add(1)
+						continue
+					}
+					e := sdkError(err)
+					if e == nil || e.StatusCode != http.StatusTooManyRequests || e.Code != "insufficient_quota" {
+						errs <- fmt.Errorf("%s: %w", r.name, err)
+						return
+					}
+					if v := e.Response.Header.Get("X-Should-Retry"); v != "false" {
+						errs <- fmt.Errorf("%s: insufficient_quota with x-should-retry %q, want false", r.name, v)
+					}
+					stopped.Add(1)
+					return
+				}
+				errs <- fmt.Errorf("%s: a client sent %d requests without reaching the end of the budget", r.name, maxPerClient)
+			})
+		}
+	}
+	wg.Wait()
+	close(stopObs)
+	<-obsDone
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+
+	// Settles run after the answers: wait until no reservation is live.
+	spent, holds := waitSettled(t, ctx, reps[0])
+	st := s.Stats().Total
+	t.Logf("%d answered, %d clients stopped by the budget; spent %d of %d tokens (highest sample %d of %d); provider counted %d+%d tokens",
+		answered.Load(), stopped.Load(), spent, budgetTokens, maxSeen, samples, st.PromptTokens, st.CompletionTokens)
+	if maxSeen > budgetTokens || spent > budgetTokens {
+		t.Errorf("spent %d tokens (highest sample %d) of a %d-token budget", spent, maxSeen, budgetTokens)
+	}
+	if holds != 0 {
+		t.Errorf("%d reservations still live", holds)
+	}
+	if provider := st.PromptTokens + st.CompletionTokens; provider != spent {
+		t.Errorf("the provider served %d tokens, the budget charged %d", provider, spent)
+	}
+	if answered.Load() == 0 || stopped.Load() != int64(len(reps)*perReplica) {
+		t.Errorf("%d answered, %d of %d clients stopped by the budget", answered.Load(), stopped.Load(), len(reps)*perReplica)
+	}
+
+	// One by one, nothing in flight: requests go through until what is
+	// left is less than one request's estimate.
+	var lastPrompt int64
+	for i := range 100 {
+		sdk := reps[i%len(reps)].sdk(e2eTenantKey)
+		c, err := sdk.Chat.Completions.New(ctx, chatParams(fmt.Sprintf("budget %d/%d/%d", 9, 9, i), maxTokens))
+		if err != nil {
+			if e := sdkError(err); e == nil || e.Code != "insufficient_quota" {
+				t.Fatalf("draining the budget: %v", err)
+			}
+			break
+		}
+		lastPrompt = c.Usage.PromptTokens
+	}
+	spent, _ = waitSettled(t, ctx, reps[0])
+	if spent > budgetTokens {
+		t.Errorf("spent %d tokens of a %d-token budget", spent, budgetTokens)
+	}
+	if lastPrompt > 0 && budgetTokens-spent >= lastPrompt+maxTokens+2 {
+		t.Errorf("%d tokens left, enough for another request (about %d), yet it was refused", budgetTokens-spent, lastPrompt+maxTokens)
+	}
+	for _, r := range reps {
+		resp, body := r.post(t, ctx, "/v1/chat/completions", e2eTenantKey,
+			`{"model":"gpt-4.1","max_tokens":30,"messages":[{"role":"user","content":"budget 9/9/9"}]}`)
+		e := decodeError(t, body)
+		if resp.StatusCode != http.StatusTooManyRequests || e.Error.Code != "insufficient_quota" || e.Error.Type != "insufficient_quota" ||
+			resp.Header.Get("X-Should-Retry") != "false" || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("%s after the budget: %d, x-should-retry %q, retry-after %q, %s", r.name, resp.StatusCode,
+				resp.Header.Get("X-Should-Retry"), resp.Header.Get("Retry-After"), body)
+		}
+	}
+	if got := s.Stats().Total; got.PromptTokens+got.CompletionTokens != spent {
+		t.Errorf("the provider served %d tokens, the budget charged %d", got.PromptTokens+got.CompletionTokens, spent)
+	}
+}
+
+// waitSettled polls the admin API until the tenant has no live
+// reservation, and returns what it spent.
+func waitSettled(t *testing.T, ctx context.Context, r *replica) (spent int64, holds int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		spent, holds, err := usageOf(ctx, r, "team-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if holds == 0 || time.Now().After(deadline) {
+			return spent, holds
+		}
+		time.Sleep(20 * time.Millisecond) // polling the admin API: nothing to wait on
+	}
+}
+
+// hello is a small chat completion request.
+const hello = `{"model":"gpt-4.1","max_tokens":3,"messages":[{"role":"user","content":"hello"}]}`
+
+// provoke429 starts a provider whose key really allows 5 requests per
+// minute and three replicas that believe it allows 1,000, and sends
+// requests through replica A until the provider answers 429 (relayed to
+// the client: the replicas make one attempt per request). It returns when
+// the client has that 429.
+func provoke429(t *testing.T) (*e2eSim, []*replica, time.Time) {
+	t.Helper()
+	rds := testutil.StartRedis(t)
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, RPM: 5, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicas(t, 3, gatewayConfig{
+		Store: rds.URL(), SimURL: s.url, Limits: "{rpm: 1000}", MaxWait: "500ms", RequestTimeout: "30s",
+		// No retry inside the gateway: the provider's 429 reaches the
+		// client, which is what the tests watch for.
+		MaxAttempts: 1,
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	// One at a time: its quota of 5, then the 429.
+	a := reps[0]
+	for i := range 10 {
+		resp, b := a.post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello)
+		if resp.StatusCode == http.StatusOK {
+			continue
+		}
+		e := decodeError(t, b)
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("X-Llmgate-Deployment") == "" {
+			t.Fatalf("request %d via A: %d %s (relayed from the provider: %v)", i, resp.StatusCode, b, resp.Header.Get("X-Llmgate-Deployment") != "")
+		}
+		t.Logf("request %d via A: the provider's 429 (%s), retry-after %ss", i, e.Error.Message, resp.Header.Get("Retry-After"))
+		if st := s.Stats().Total; st.RateLimited != 1 || st.Calls != 5 {
+			t.Fatalf("provider stats %+v, want 5 calls and one 429", st)
+		}
+		return s, reps, time.Now()
+	}
+	t.Fatal("10 requests via A and the provider never answered 429")
+	return nil, nil, time.Time{}
+}
+
+// TestE2EProvider429HoldsBackEveryReplica: the provider key really allows 5
+// requests per minute, the replicas believe 1,000. The first provider 429,
+// reached through replica A, makes every replica hold back: the requests
+// that follow, on any replica, wait and get the gateway's 429 without
+// reaching the provider; and one that may wait long enough goes through
+// once the provider's retry-after has passed, without another 429.
+func TestE2EProvider429HoldsBackEveryReplica(t *testing.T) {
+	logRuntime(t)
+	s, reps, first429 := provoke429(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	before := s.Stats().Total
+
+	// 15 requests from 5 clients across B, C and A, right away.
+	const n = 15
+	type out struct {
+		status     int
+		relayed    bool
+		retryAfter string
+		msg        string
+	}
+	outs := make([]out, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				resp, b, err := reps[(i+1)%len(reps)].tryPost(ctx, "/v1/chat/completions", e2eTenantKey, hello)
+				if err != nil {
+					outs[i] = out{status: -1, msg: err.Error()}
+					continue
+				}
+				var e apiErrorBody
+				_ = json.Unmarshal(b, &e)
+				outs[i] = out{status: resp.StatusCode, relayed: resp.Header.Get("X-Llmgate-Deployment") != "",
+					retryAfter: resp.Header.Get("Retry-After"), msg: e.Error.Message}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(first429)
+	after := s.Stats().Total
+	for i, o := range outs {
+		if o.status != http.StatusTooManyRequests || o.relayed {
+			t.Errorf("request %d via %s after the provider's 429: %d (relayed %v) %s", i, reps[(i+1)%len(reps)].name, o.status, o.relayed, o.msg)
+			continue
+		}
+		ra, err := strconv.Atoi(o.retryAfter)
+		if err != nil || ra < 1 || ra > 13 {
+			t.Errorf("request %d: the gateway's 429 says retry-after %q; the provider asked for about 12s", i, o.retryAfter)
+		}
+	}
+	t.Logf("15 requests across the replicas within %v of the 429: provider calls %d -> %d, 429s %d -> %d; gateway said %q, retry-after %ss",
+		elapsed.Round(time.Millisecond), before.Calls, after.Calls, before.RateLimited, after.RateLimited, outs[0].msg, outs[0].retryAfter)
+	if after.RateLimited > 2 {
+		t.Errorf("the provider answered %d 429s in all; the replicas must hold back after the first", after.RateLimited)
+	}
+	if after.Calls != before.Calls || after.RateLimited != before.RateLimited {
+		t.Errorf("requests reached the provider during its retry-after: calls %d -> %d, 429s %d -> %d",
+			before.Calls, after.Calls, before.RateLimited, after.RateLimited)
+	}
+
+	// A request that may wait 20s goes through once the provider's wait
+	// is over, on another replica, without a second 429.
+	start := time.Now()
+	resp, b := reps[2].post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello, "X-Llmgate-Max-Wait", "20s")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a request allowed to wait 20s: %d %s", resp.StatusCode, b)
+	}
+	final := s.Stats().Total
+	t.Logf("a request allowed to wait went through after %v (%v after the 429)", time.Since(start).Round(time.Millisecond),
+		time.Since(first429).Round(time.Millisecond))
+	if final.RateLimited != before.RateLimited {
+		t.Errorf("the provider answered %d 429s in all", final.RateLimited)
+	}
+}
+
+// TestE2ECooldownEndReleasesAHerd reproduces a known gap, so it runs only
+// with LLMGATE_E2E_KNOWN_GAPS=1: after a provider 429 the replicas hold
+// back until its retry-after, but then release every waiting request at
+// once (the configured 1,000 RPM has refilled meanwhile), while the
+// provider has room for one: one waiter per replica gives two more 429s.
+// The gateway would need to learn the provider's real limit
+// (x-ratelimit-limit-requests) or its remaining count on a 429.
+func TestE2ECooldownEndReleasesAHerd(t *testing.T) {
+	if os.Getenv("LLMGATE_E2E_KNOWN_GAPS") == "" {
+		t.Skip("known gap (see the comment); set LLMGATE_E2E_KNOWN_GAPS=1 to run")
+	}
+	logRuntime(t)
+	s, reps, _ := provoke429(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, r := range reps {
+		wg.Go(func() {
+			resp, b, err := r.tryPost(ctx, "/v1/chat/completions", e2eTenantKey, hello, "X-Llmgate-Max-Wait", "20s")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			t.Logf("%s: %d after %v (from the provider: %v) %.100s", r.name, resp.StatusCode, time.Since(start).Round(time.Millisecond),
+				resp.Header.Get("X-Llmgate-Deployment") != "", b)
+		})
+	}
+	wg.Wait()
+	if st := s.Stats().Total; st.RateLimited != 1 {
+		t.Errorf("the provider answered %d 429s in all (%d calls); after the first the replicas should send it only what it has room for",
+			st.RateLimited, st.Calls)
+	}
+}
+
+// TestE2EKilledReplicaFreesConcurrency: with a concurrency limit of 2, a
+// replica holding both permits with two streams is killed with SIGKILL.
+// The other replicas refuse a third request with a retry-after within the
+// reservation hold (2 minutes, a constant: internal/gateway reservationHold),
+// and the permits in Redis are leases that expire within that hold, not
+// forever. With LLMGATE_E2E_LONG=1 the test also waits for them to expire
+// and checks that two streams on the other replicas then get the permits.
+func TestE2EKilledReplicaFreesConcurrency(t *testing.T) {
+	logRuntime(t)
+	const hold = 2 * time.Minute // internal/gateway reservationHold
+	rds := testutil.StartRedis(t)
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: time.Second, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicas(t, 3, gatewayConfig{
+		Store: rds.URL(), SimURL: s.url, Limits: "{concurrency: 2}", MaxWait: "0s",
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	a := reps[0]
+
+	// Two streams through A; each holds a permit once its first chunk came.
+	admittedAt := time.Now()
+	var streams []*ssestream.Stream[openai.ChatCompletionChunk]
+	ac := a.sdk(e2eTenantKey)
+	for i := range 2 {
+		st := ac.Chat.Completions.NewStreaming(ctx, chatParams(fmt.Sprintf("a long story %d", i), 100))
+		if !st.Next() {
+			t.Fatalf("stream %d via A: %v", i, st.Err())
+		}
+		streams = append(streams, st)
+	}
+	heldAt := time.Now() // both permits were taken between admittedAt and now
+	refused := func(r *replica) int {
+		t.Helper()
+		resp, b := r.post(t, ctx, "/v1/chat/completions", e2eTenantKey, `{"model":"gpt-4.1","max_tokens":1,"messages":[{"role":"user","content":"one more"}]}`)
+		e := decodeError(t, b)
+		if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(e.Error.Message, "concurrency") {
+			t.Fatalf("a third request via %s: %d %s", r.name, resp.StatusCode, b)
+		}
+		ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if err != nil {
+			t.Fatalf("a third request via %s: retry-after %q", r.name, resp.Header.Get("Retry-After"))
+		}
+		return ra
+	}
+	refused(reps[1]) // the limit holds while A is alive
+
+	a.kill(t)
+	killedAt := time.Now()
+	for _, st := range streams {
+		for st.Next() {
+		}
+		if st.Err() == nil {
+			t.Error("a stream through the killed replica ended without an error")
+		}
+		_ = st.Close()
+	}
+
+	// The permits of the dead replica still count, but not forever: the
+	// other replicas say when they free, within the hold.
+	for _, r := range reps[1:] {
+		ra := refused(r)
+		if ra < 1 || time.Duration(ra)*time.Second > hold+time.Second {
+			t.Errorf("%s: retry-after %ds for the dead replica's permits; they must free within %v", r.name, ra, hold)
+		}
+		t.Logf("%s refuses a third request, retry-after %ds", r.name, ra)
+	}
+	// In Redis the permits are leases whose expiry (Redis time, ms) is at
+	// most the hold after they were taken.
+	rc := rds.Client(t)
+	key := "llmgate:rl:{default}:c:dep:sim/gpt-4.1"
+	permits, err := rc.Do(ctx, rc.B().Zrange().Key(key).Min("0").Max("-1").Withscores().Build()).AsZScores()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := rc.Do(ctx, rc.B().Time().Build()).AsStrSlice()
+	if err != nil || len(tm) != 2 {
+		t.Fatalf("TIME: %v %v", tm, err)
+	}
+	sec, _ := strconv.ParseInt(tm[0], 10, 64)
+	usec, _ := strconv.ParseInt(tm[1], 10, 64)
+	nowMs := float64(sec*1000 + usec/1000)
+	if len(permits) != 2 {
+		t.Fatalf("%d permits in %s, want the dead replica's 2: %v", len(permits), key, permits)
+	}
+	for _, p := range permits {
+		// Taken between admittedAt and heldAt, with the hold as its lease
+		// (Redis counts whole milliseconds: 2ms of slack).
+		left := time.Duration(p.Score-nowMs) * time.Millisecond
+		if lo, hi := hold-time.Since(admittedAt)-2*time.Millisecond, hold-time.Since(heldAt)+2*time.Millisecond; left < lo || left > hi {
+			t.Errorf("permit %s expires in %v; taken %v to %v ago with a %v hold", p.Member, left,
+				time.Since(heldAt).Round(time.Millisecond), time.Since(admittedAt).Round(time.Millisecond), hold)
+		}
+		t.Logf("permit %s expires in %v", p.Member, left.Round(time.Millisecond))
+	}
+
+	if os.Getenv("LLMGATE_E2E_LONG") == "" {
+		t.Log("set LLMGATE_E2E_LONG=1 to also wait (about 2 minutes) for the permits to expire and be used again")
+		return
+	}
+	// Two streams on B and C may wait up to the hold and a margin: both
+	// get a permit when the dead replica's leases expire.
+	type got struct {
+		at  time.Time
+		err error
+	}
+	gots := make(chan got, 2)
+	for i, r := range reps[1:] {
+		go func() {
+			rc := r.sdk(e2eTenantKey)
+			st := rc.Chat.Completions.NewStreaming(ctx, chatParams(fmt.Sprintf("after the kill %d", i), 3),
+				option.WithHeader("X-Llmgate-Max-Wait", (hold+30*time.Second).String()))
+			defer st.Close()
+			if !st.Next() {
+				gots <- got{err: fmt.Errorf("%s: %w", r.name, st.Err())}
+				return
+			}
+			gots <- got{at: time.Now()}
+			for st.Next() {
+			}
+		}()
+	}
+	for range 2 {
+		g := <-gots
+		if g.err != nil {
+			t.Error(g.err)
+			continue
+		}
+		t.Logf("a permit was used again %v after the kill, %v after it was taken",
+			g.at.Sub(killedAt).Round(time.Millisecond), g.at.Sub(admittedAt).Round(time.Millisecond))
+		if g.at.Sub(admittedAt) > hold+5*time.Second {
+			t.Errorf("the dead replica's permit came back %v after it was taken; the hold is %v", g.at.Sub(admittedAt), hold)
+		}
+	}
+}
+
+// TestE2ESecretsNeverLogged runs three replicas at debug level on a Redis
+// that needs a password, and makes them log what they can: answers,
+// streams, bad keys, a provider that refuses its key, a bad admin token,
+// then the store going away. No key, token or password may appear in
+// anything they print.
+func TestE2ESecretsNeverLogged(t *testing.T) {
+	logRuntime(t)
+	rds := testutil.StartRedis(t)
+	// testutil's readiness PING has no password, so the password is set
+	// once the server runs.
+	if line, err := rds.Do(t.Context(), "CONFIG", "SET", "requirepass", e2eRedisPass); err != nil || line != "+OK" {
+		t.Fatalf("CONFIG SET requirepass: %q %v", line, err)
+	}
+	store := "redis://:" + e2eRedisPass + "@" + rds.Addr
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1", "gpt-4.1-mini"}, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicas(t, 3, gatewayConfig{
+		Store: store, SimURL: s.url, Limits: "{rpm: 100}", Budget: "{period: month, tokens: 100000}", BadProvider: true,
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for _, r := range reps {
+		if !strings.Contains(r.stderr.String(), "store=redis://") {
+			t.Errorf("%s does not say which store it uses: %s", r.name, r.stderr.String())
+		}
+		c := r.sdk(e2eTenantKey)
+		if _, err := c.Chat.Completions.New(ctx, chatParams("hello", 5)); err != nil {
+			t.Fatalf("%s: %v", r.name, err)
+		}
+		st := c.Chat.Completions.NewStreaming(ctx, chatParams("hello stream", 5))
+		for st.Next() {
+		}
+		if err := st.Err(); err != nil {
+			t.Fatalf("%s stream: %v", r.name, err)
+		}
+		// The provider refuses the other key: its 401 is relayed.
+		if _, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4.1-mini",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}}); err == nil {
+			t.Errorf("%s: the provider accepted a key it does not know", r.name)
+		} else if e := sdkError(err); e == nil || e.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s: provider refusing the key: %v", r.name, err)
+		} else {
+			assertNoSecrets(t, r.name+" answer to a refused provider key", string(e.RawJSON()))
+		}
+		// A wrong tenant key, and the provider key used as a tenant key.
+		for _, key := range []string{"sk-wrong", e2eProviderKey, e2eAdminToken} {
+			resp, b := r.post(t, ctx, "/v1/chat/completions", key, `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}`)
+			if resp.StatusCode != http.StatusUnauthorized {
+				t.Errorf("%s with a wrong key: %d %s", r.name, resp.StatusCode, b)
+			}
+			assertNoSecrets(t, r.name+" 401 answer", string(b))
+		}
+		var v any
+		if err := r.get(ctx, "/admin/usage", e2eTenantKey, &v); err == nil || !strings.Contains(err.Error(), "401") {
+			t.Errorf("%s admin API with the tenant key: %v", r.name, err)
+		}
+		if err := r.get(ctx, "/admin/usage", e2eAdminToken, &v); err != nil {
+			t.Errorf("%s admin API: %v", r.name, err)
+		}
+	}
+
+	// The store goes away: readiness fails and requests are refused (the
+	// budget fails closed), both logged.
+	rds.Stop()
+	for _, r := range reps {
+		resp, err := e2eHTTP.Get(r.url + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("%s /readyz without its store: %d", r.name, resp.StatusCode)
+		}
+		resp, b := r.post(t, ctx, "/v1/chat/completions", e2eTenantKey, `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}`)
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("%s without its store: %d %s", r.name, resp.StatusCode, b)
+		}
+		assertNoSecrets(t, r.name+" answer without the store", string(b))
+	}
+	for _, r := range reps {
+		r.stop(t)
+		out := r.stderr.String()
+		if !strings.Contains(out, "readiness check failed") || !strings.Contains(out, "level=ERROR") {
+			t.Errorf("%s did not log the store outage:\n%s", r.name, out)
+		}
+		assertNoSecrets(t, r.name+" stderr", out)
+		assertNoSecrets(t, r.name+" stdout", r.stdout.String())
+	}
+}
+
+// TestE2EStoreDownBudgetPolicy: the store goes away. A replica with the
+// default policy refuses a tenant that has a budget (budgets fail closed);
+// one configured with budget.fail_open serves it, unchecked (rate limits
+// fail open by default).
+func TestE2EStoreDownBudgetPolicy(t *testing.T) {
+	logRuntime(t)
+	rds := testutil.StartRedis(t)
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
+	cfg := gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info", Budget: "{period: day, tokens: 100000}"}
+	closed := launchReplica(t, "fail-closed", cfg)
+	cfg.Extra = "budget: {fail_open: true}\n"
+	open := launchReplica(t, "fail-open", cfg)
+	closed.waitReady(t)
+	open.waitReady(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for _, r := range []*replica{closed, open} {
+		if resp, b := r.post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s with its store: %d %s", r.name, resp.StatusCode, b)
+		}
+	}
+
+	rds.Stop()
+	resp, b := closed.post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello)
+	if e := decodeError(t, b); resp.StatusCode != http.StatusServiceUnavailable || e.Error.Code != "store_unavailable" {
+		t.Errorf("%s without its store: %d %s; want 503 store_unavailable", closed.name, resp.StatusCode, b)
+	}
+	resp, b = open.post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello)
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("%s (budget.fail_open: true) without its store: %d %s; want the answer", open.name, resp.StatusCode, b)
+	}
+	// Its usage cannot be recorded: a graceful stop would retry that for
+	// 10s (settleTimeout), which is not what this test is about.
+	open.kill(t)
+}
+
+// TestE2ECheckConfig runs 'llmgate check-config' on a valid and on an
+// invalid file, both holding a Redis password, with the provider key in
+// the environment.
+func TestE2ECheckConfig(t *testing.T) {
+	logRuntime(t)
+	dir := t.TempDir()
+	valid := gatewayConfig{
+		Store: "redis://:" + e2eRedisPass + "@127.0.0.1:6379/0", SimURL: "http://127.0.0.1:9/v1",
+		Limits: "{rpm: 600, tpm: 100000, concurrency: 4}", Budget: "{period: month, tokens: 5000}",
+	}.yaml()
+	invalid := strings.NewReplacer(
+		"store: \"redis://:"+e2eRedisPass+"@127.0.0.1:6379/0\"", "store: \"redis://:"+e2eRedisPass+"@127.0.0.1:notaport/0\"",
+		"{period: month, tokens: 5000}", "{period: week, tokens: 5000}",
+		"{rpm: 600,", "{rpm: -600,",
+	).Replace(valid)
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	validPath, invalidPath := write("valid.yaml", valid), write("invalid.yaml", invalid)
+	typo := write("typo.yaml", valid+"max_wat: 3s\n")
+
+	t.Run("valid", func(t *testing.T) {
+		p := startLlmgate(t, e2eEnv, "check-config", validPath)
+		code, _ := p.wait(t)
+		out, errOut := p.stdout.String(), p.stderr.String()
+		for _, want := range []string{"sim/gpt-4.1  rpm 600, tpm 100000, concurrency 4", "$E2E_PROVIDER_KEY (set)",
+			"team-a: key in $E2E_TENANT_KEY (set)", "5000 tokens per month", "redis://xxxxx@127.0.0.1:6379/0"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("the explanation does not say %q", want)
+			}
+		}
+		if code != 0 || errOut != "" || t.Failed() {
+			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+		}
+		assertNoSecrets(t, "check-config output", out+errOut)
+	})
+	t.Run("invalid", func(t *testing.T) {
+		p := startLlmgate(t, e2eEnv, "check-config", invalidPath)
+		code, _ := p.wait(t)
+		out, errOut := p.stdout.String(), p.stderr.String()
+		if code != 2 || out != "" {
+			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+		}
+		for _, want := range []string{"store", "providers[0].limits.rpm", "tenants[0].budget.period", "invalid.yaml"} {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("stderr does not mention %q:\n%s", want, errOut)
+			}
+		}
+		assertNoSecrets(t, "check-config output", out+errOut)
+		t.Logf("stderr:\n%s", errOut)
+	})
+	t.Run("unknown key", func(t *testing.T) {
+		p := startLlmgate(t, e2eEnv, "check-config", typo)
+		code, _ := p.wait(t)
+		out, errOut := p.stdout.String(), p.stderr.String()
+		if code != 2 || out != "" || !strings.Contains(errOut, "max_wat") || !strings.Contains(errOut, "line") {
+			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+		}
+		assertNoSecrets(t, "check-config output", out+errOut)
+		t.Logf("stderr:\n%s", errOut)
+	})
+}
+
+// TestE2EServeEmbeddedDefault: 'llmgate serve' with no configuration and
+// no OPENAI_API_KEY runs on the memory store with the built-in simulated
+// provider, says so, and serves the official SDK (JSON and stream).
+func TestE2EServeEmbeddedDefault(t *testing.T) {
+	logRuntime(t)
+	home := t.TempDir()
+	r := launchServe(t, "default", []string{"HOME=" + home, "OPENAI_API_KEY="}, "--listen", "127.0.0.1:0")
+	r.waitReady(t)
+	if !strings.Contains(r.stderr.String(), "running the embedded default (memory store, built-in simulated provider)") {
+		t.Errorf("serve does not say it runs the embedded default:\n%s", r.stderr.String())
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	c := r.sdk("any-key")
+	params := openai.ChatCompletionNewParams{
+		Model:    "gpt-4.1-mini",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("What is a token bucket?")},
+	}
+	cc, err := c.Chat.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cc.Choices) != 1 || cc.Choices[0].Message.Content == "" || cc.Usage.TotalTokens == 0 || cc.Model != "gpt-4.1-mini" {
+		t.Fatalf("chat completion %s", cc.RawJSON())
+	}
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	st := c.Chat.Completions.NewStreaming(ctx, params)
+	var acc openai.ChatCompletionAccumulator
+	chunks := 0
+	for st.Next() {
+		acc.AddChunk(st.Current())
+		chunks++
+	}
+	if err := st.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if chunks < 3 || acc.Choices[0].Message.Content != cc.Choices[0].Message.Content || acc.Usage.TotalTokens != cc.Usage.TotalTokens {
+		t.Fatalf("stream: %d chunks, %q (usage %+v); JSON said %q (usage %+v)", chunks, acc.Choices[0].Message.Content, acc.Usage,
+			cc.Choices[0].Message.Content, cc.Usage)
+	}
+	// The memory store keeps its state under $HOME/.local/state/llmgate.
+	r.stop(t)
+	if _, err := os.Stat(filepath.Join(home, ".local", "state", "llmgate")); err != nil {
+		t.Errorf("state directory: %v", err)
+	}
+}
