@@ -74,17 +74,30 @@ type e2eSim struct {
 	mu       sync.Mutex             // protects arrivals, limited
 	arrivals map[string][]time.Time // chat completion requests by model, in arrival order
 	limited  map[string][]time.Time // arrival times of the requests it answered 429
+
+	// hideLimits drops the x-ratelimit-* headers of successful answers, as
+	// providers that do not advertise their quota do: the gateway then
+	// learns about the quota only from a 429.
+	hideLimits bool
 }
 
 // statusWriter records the status a handler writes.
 type statusWriter struct {
 	http.ResponseWriter
-	status int
+	status     int
+	hideLimits bool
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
+	}
+	if w.hideLimits && code == http.StatusOK {
+		for k := range w.Header() {
+			if strings.HasPrefix(k, "X-Ratelimit-") {
+				w.Header().Del(k)
+			}
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -124,7 +137,7 @@ func newE2ESim(t *testing.T, cfg sim.Config) *e2eSim {
 		s.mu.Lock()
 		s.arrivals[req.Model] = append(s.arrivals[req.Model], now)
 		s.mu.Unlock()
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &statusWriter{ResponseWriter: w, hideLimits: s.hideLimits}
 		h.ServeHTTP(sw, r)
 		if sw.status == http.StatusTooManyRequests {
 			s.mu.Lock()
