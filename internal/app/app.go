@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/llmgate/llmgate/internal/gatewaybench"
 	"github.com/llmgate/llmgate/internal/lockbench"
 	"github.com/llmgate/llmgate/internal/ratebench"
 )
@@ -35,7 +36,7 @@ Commands:
   serve         run the OpenAI-compatible gateway
   check-config  validate a gateway configuration file and explain it
   lock          run a command while holding a distributed lock (flock across machines)
-  bench         measure the coordination store ('llmgate bench lock --help')
+  bench         measure the coordination store and the gateway ('llmgate bench --help')
   mock          run the built-in simulated OpenAI-compatible provider
   version       print the llmgate and Go versions
   help          show help for a command
@@ -46,8 +47,10 @@ Run 'llmgate help <command>' or 'llmgate <command> --help' for details.
 const benchUsageText = `Usage:
   llmgate bench lock [flags]        measure lock throughput, hand-off latency and fairness
   llmgate bench ratelimit [flags]   measure rate-limit decisions per second, latency and accuracy
+  llmgate bench gateway [flags]     measure the gateway's added latency and throughput against
+                                    direct calls and a bare reverse proxy
 
-Run 'llmgate bench lock --help' or 'llmgate bench ratelimit --help' for their flags.
+Run 'llmgate bench <name> --help' for its flags.
 `
 
 // App is one invocation of the llmgate command line: where it reads and
@@ -197,6 +200,10 @@ func (a *App) bench(args []string) int {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return ratebench.Main(ctx, args[1:], a.Stdout, a.Stderr)
+	case "gateway":
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return gatewaybench.Main(ctx, args[1:], a.Stdout, a.Stderr, a.benchGatewayFactory)
 	default:
 		fmt.Fprintf(a.Stderr, "llmgate bench: unknown benchmark %q; run 'llmgate bench --help' for the list\n", args[0])
 		return exitUsage
