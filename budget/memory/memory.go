@@ -58,6 +58,12 @@ type Config struct {
 	Path string
 	// Clock drives reservation expiry and retention. Default the real clock.
 	Clock clock.Clock
+	// MinWriteInterval is the least time between two writes of the state
+	// file. Settles still return only once a write holding them is on disk,
+	// but under load they wait up to this long and share one write, which
+	// bounds the disk and CPU cost of accounting. Default 0: write as soon
+	// as the previous write is done.
+	MinWriteInterval time.Duration
 	// Logger receives write failures. Default: discard.
 	Logger *slog.Logger
 }
@@ -66,7 +72,8 @@ type Config struct {
 type Backend struct {
 	clk  clock.Clock
 	log  *slog.Logger
-	path string // "" = not persisted
+	path string        // "" = not persisted
+	pace time.Duration // least time between two writes
 
 	mu        sync.Mutex // protects the fields below, up to flushed
 	windows   map[budget.Key]*window
@@ -131,6 +138,7 @@ func Open(cfg Config) (*Backend, error) {
 		clk:     cfg.Clock,
 		log:     cfg.Logger,
 		path:    cfg.Path,
+		pace:    cfg.MinWriteInterval,
 		windows: make(map[budget.Key]*window),
 		flushed: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
@@ -481,6 +489,22 @@ func (b *Backend) writer() {
 		select {
 		case <-b.kick:
 			b.flush()
+			if d := b.pace; d > 0 {
+				// Pace the writes: settles arriving meanwhile wait for
+				// the next one, so N settles cost one write per interval.
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-b.stop:
+					t.Stop()
+					b.flush()
+					b.mu.Lock()
+					close(b.flushed)
+					b.flushed = make(chan struct{})
+					b.mu.Unlock()
+					return
+				}
+			}
 		case <-b.stop:
 			b.flush()
 			b.mu.Lock()

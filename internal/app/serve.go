@@ -231,7 +231,12 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			return nil, fmt.Errorf("state_dir %s: %w", cfg.StateDir, err)
 		}
-		bm, err := budgetmemory.Open(budgetmemory.Config{Path: filepath.Join(cfg.StateDir, "budgets.json"), Logger: log})
+		bm, err := budgetmemory.Open(budgetmemory.Config{
+			Path: filepath.Join(cfg.StateDir, "budgets.json"), Logger: log,
+			// One write per 100ms at most: settles run after the answer,
+			// so the wait costs clients nothing, and a burst shares a write.
+			MinWriteInterval: 100 * time.Millisecond,
+		})
 		if err != nil {
 			return nil, err
 		}

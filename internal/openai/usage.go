@@ -34,6 +34,12 @@ func (u *Usage) valid() bool {
 // ParseUsage returns the "usage" of a JSON answer (chat, completions or
 // embeddings), or nil when it has none or it cannot be read.
 func ParseUsage(body []byte) *Usage {
+	if !json.Valid(body) {
+		return nil
+	}
+	if u := lastUsage(body); u != nil {
+		return u
+	}
 	var w struct {
 		Usage *Usage `json:"usage"`
 	}
@@ -122,3 +128,27 @@ const jsonSpace = " \t\r\n"
 func isNonEmptyString(v []byte) bool { return len(v) > 1 && v[0] == '"' && v[1] != '"' }
 
 func isObject(v []byte) bool { return len(v) > 0 && v[0] == '{' }
+
+// lastUsage decodes the last "usage" object of an answer without decoding
+// the rest: providers put usage last, and a key can only appear unescaped
+// as a key (inside strings its quotes are escaped). nil means: not found
+// this way, decode the whole answer.
+func lastUsage(body []byte) *Usage {
+	i := bytes.LastIndex(body, usageKey)
+	if i <= 0 || body[i-1] == '\\' {
+		return nil
+	}
+	v := bytes.TrimLeft(body[i+len(usageKey):], jsonSpace)
+	if len(v) == 0 || v[0] != ':' {
+		return nil
+	}
+	v = bytes.TrimLeft(v[1:], jsonSpace)
+	if !isObject(v) {
+		return nil
+	}
+	var u Usage
+	if err := json.NewDecoder(bytes.NewReader(v)).Decode(&u); err != nil || !u.valid() {
+		return nil
+	}
+	return &u
+}

@@ -2,8 +2,8 @@
 package memory
 
 import (
+	"container/heap"
 	"context"
-	"fmt"
 	"math"
 	"slices"
 	"sort"
@@ -17,8 +17,8 @@ import (
 const (
 	maxScan  = 64 // waiters examined per walk of a lane, as in the Redis backend
 	maxLanes = 32 // lanes walked after a settle (the rest keep their mark for the next)
-	// sweepEvery is how many operations pass between sweeps of expired
-	// reservations and permits.
+	// sweepEvery is how many operations pass between sweeps of empty
+	// permit sets and ended cooldowns.
 	sweepEvery = 256
 )
 
@@ -26,12 +26,13 @@ const (
 type Backend struct {
 	clk clock.Clock
 
-	mu           sync.Mutex                      // protects everything below
-	buckets      map[string]*bucket              // kind letter + ":" + scope
+	mu           sync.Mutex // protects everything below
+	buckets      map[limitKey]*bucket
 	permits      map[string]map[string]time.Time // scope -> reservation id -> expiry
 	cooldowns    map[string]time.Time            // scope -> end
 	lanes        map[string]*lane
 	reservations map[string]*reservation
+	expiries     expiryHeap                 // reservations by expiry, to drop them without scanning
 	blocked      map[string]map[string]bool // scope -> lanes with waiters stuck on it
 	seq          uint64
 	ops          int
@@ -70,7 +71,7 @@ func New(clk clock.Clock) *Backend {
 	}
 	return &Backend{
 		clk:          clk,
-		buckets:      make(map[string]*bucket),
+		buckets:      make(map[limitKey]*bucket),
 		permits:      make(map[string]map[string]time.Time),
 		cooldowns:    make(map[string]time.Time),
 		lanes:        make(map[string]*lane),
@@ -79,13 +80,20 @@ func New(clk clock.Clock) *Backend {
 	}
 }
 
-// limitID names one limit: two limits of one kind on one scope (RPM and
-// RPD, say) differ by window.
-func limitID(c ratelimit.Charge) string {
-	return fmt.Sprintf("%s:%d:%s", c.Limit.Kind, c.Limit.Window, c.Scope)
+// limitKey names one limit: two limits of one kind on one scope (RPM and
+// RPD, say) differ by window. A struct, not a formatted string: it is built
+// several times per decision and must not allocate.
+type limitKey struct {
+	kind   ratelimit.Kind
+	window time.Duration
+	scope  string
 }
 
-func bucketKey(c ratelimit.Charge) string { return limitID(c) }
+func limitID(c ratelimit.Charge) limitKey {
+	return limitKey{c.Limit.Kind, c.Limit.Window, c.Scope}
+}
+
+func bucketKey(c ratelimit.Charge) limitKey { return limitID(c) }
 
 func rate(c ratelimit.Charge) float64 { // units per nanosecond
 	return float64(c.Limit.Limit) / float64(c.Limit.Window)
@@ -124,7 +132,7 @@ func (b *Backend) permitsLocked(scope string, now time.Time) map[string]time.Tim
 }
 
 // evaluateLocked mirrors evaluate() in lib.lua.
-func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[string]bool, now time.Time) (ok bool, wait time.Duration, first int, refused []ratelimit.Charge) {
+func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[limitKey]bool, now time.Time) (ok bool, wait time.Duration, first int, refused []ratelimit.Charge) {
 	ok = true
 	unknown := false
 	deferable := true // refused only for tokens not there yet
@@ -218,7 +226,47 @@ func (b *Backend) decisionLocked(r *ratelimit.Request, ok bool, wait time.Durati
 }
 
 func (b *Backend) reserveLocked(r *ratelimit.Request, d ratelimit.Decision, now time.Time) {
-	b.reservations[r.ID] = &reservation{r: r, expires: now.Add(r.Hold), decision: d}
+	res := &reservation{r: r, expires: now.Add(r.Hold), decision: d}
+	b.reservations[r.ID] = res
+	heap.Push(&b.expiries, expiry{at: res.expires, id: r.ID, res: res})
+}
+
+// expiry is a reservation's place in the expiry heap. Extend moves a
+// reservation's expiry later without touching the heap: a popped entry
+// whose reservation now expires later is pushed back.
+type expiry struct {
+	at  time.Time
+	id  string
+	res *reservation
+}
+
+type expiryHeap []expiry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiry)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	old[len(old)-1] = expiry{}
+	*h = old[:len(old)-1]
+	return x
+}
+
+// expireLocked drops the reservations that expired by now: O(log n) each,
+// so the cost of a decision does not grow with the reservations held.
+func (b *Backend) expireLocked(now time.Time) {
+	for len(b.expiries) > 0 && !now.Before(b.expiries[0].at) {
+		e := heap.Pop(&b.expiries).(expiry)
+		if now.Before(e.res.expires) {
+			heap.Push(&b.expiries, expiry{at: e.res.expires, id: e.id, res: e.res})
+			continue
+		}
+		if b.reservations[e.id] == e.res {
+			delete(b.reservations, e.id)
+		}
+	}
 }
 
 // reservationLocked returns id's reservation unless it expired.
@@ -231,16 +279,13 @@ func (b *Backend) reservationLocked(id string, now time.Time) *reservation {
 	return res
 }
 
-// sweepLocked drops expired reservations now and then, bounding memory.
+// sweepLocked drops expired reservations, and now and then empty permit
+// sets and ended cooldowns, bounding memory.
 func (b *Backend) sweepLocked(now time.Time) {
+	b.expireLocked(now)
 	b.ops++
 	if b.ops%sweepEvery != 0 {
 		return
-	}
-	for id, res := range b.reservations {
-		if !now.Before(res.expires) {
-			delete(b.reservations, id)
-		}
 	}
 	for scope := range b.permits {
 		if len(b.permitsLocked(scope, now)) == 0 {
@@ -289,7 +334,7 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 	if l == nil {
 		return nil, false, 0
 	}
-	blocked := make(map[string]bool)
+	blocked := make(map[limitKey]bool)
 	headed := false
 	scanned := 0
 	for i := 0; i < len(l.entries) && scanned < maxScan; {
