@@ -351,6 +351,55 @@ func TestGroupCommit(t *testing.T) {
 	wantSpent(t, newManager(t, b2, nil), time.Now(), budget.Amount{Tokens: n, MicroUSD: n}, 0)
 }
 
+// TestMinWriteInterval: with writes paced, two writes of the state file are
+// at least the interval apart however fast settles arrive, and each settle
+// still returns only once it is in the file.
+func TestMinWriteInterval(t *testing.T) {
+	const interval = 30 * time.Millisecond
+	path := filepath.Join(t.TempDir(), "budget.state")
+	b, err := memory.Open(memory.Config{Path: path, MinWriteInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	var mu sync.Mutex
+	var writes []time.Time
+	memory.SetBeforeWrite(b, func() {
+		mu.Lock()
+		writes = append(writes, time.Now())
+		mu.Unlock()
+	})
+	m := newManager(t, b, nil)
+	const workers, each = 4, 10
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				r, err := m.Reserve(t.Context(), testBudget, "", "test-model", budget.Usage{PromptTokens: 1})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := m.Settle(t.Context(), r, budget.Record{Usage: budget.Usage{PromptTokens: 1}}); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(writes); i++ {
+		if gap := writes[i].Sub(writes[i-1]); gap < interval {
+			t.Fatalf("writes %d and %d only %v apart, want at least %v", i-1, i, gap, interval)
+		}
+	}
+	if len(writes) >= workers*each {
+		t.Fatalf("%d settles took %d writes", workers*each, len(writes))
+	}
+	wantSpent(t, newManager(t, reopenCopy(t, path), nil), time.Now(), budget.Amount{Tokens: workers * each, MicroUSD: workers * each}, 0)
+}
+
 // reopenCopy opens a copy of the state file at path, as a restarted process
 // would find it.
 func reopenCopy(t *testing.T, path string) *memory.Backend {
