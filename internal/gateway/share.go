@@ -156,6 +156,12 @@ func (g *Gateway) lead(ctx context.Context, w http.ResponseWriter, r *http.Reque
 		tee.record = &recording{max: maxRecordBytes}
 	}
 	g.runLocked(ctx, tee, r, c, nil)
+	// The client's answer is complete: send it now, not after the store
+	// calls that end the flight (three round trips on Redis, up to
+	// settleTimeout if the store stalls).
+	if tee.wroteHead {
+		_ = http.NewResponseController(w).Flush()
+	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	// A leader whose client left before the answer was complete gives up,

@@ -1,0 +1,477 @@
+//go:build unix
+
+package app
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dedupredis "github.com/llmgate/llmgate/dedup/redis"
+	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/internal/testutil"
+	lockredis "github.com/llmgate/llmgate/lock/redis"
+)
+
+// End-to-end tests of what replicas share beyond limits and budgets:
+// de-duplication of identical requests, idempotency keys, the response
+// cache and session ordering. Each runs three 'llmgate serve' processes on
+// one real redis-server in front of the simulated provider, which records
+// what reaches it and can hold requests until the test releases them, so
+// that "all in flight at once" is a fact the test waits for, not a hope.
+
+const (
+	// shareTimeout bounds every request of these tests.
+	shareTimeout = 60 * time.Second
+	// followerSeries counts requests that followed another's upstream call.
+	followerSeries = `llmgate_dedup_total{role="follower"}`
+)
+
+// TestE2EDedupAcrossReplicas: 100 identical temperature-0 requests spread
+// over three replicas while the provider holds the first one make exactly
+// one upstream call; all 100 get the same answer, byte for byte (streams:
+// the same events in the same order), one as the leader and 99 as
+// followers, each with its own request id.
+func TestE2EDedupAcrossReplicas(t *testing.T) {
+	logRuntime(t)
+	rds := testutil.StartRedis(t)
+	// A delay per token, so that followers relay a stream while it is
+	// being produced.
+	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: 2 * time.Millisecond})
+	reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) { dedupBurst(t, s, reps, stream) })
+	}
+}
+
+func dedupBurst(t *testing.T, s *gatedSim, reps []*replica, stream bool) {
+	const n = 100
+	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
+	defer cancel()
+	prompt := fmt.Sprintf("one question for everyone (stream=%v)", stream)
+	// Key order and whitespace differ between callers: the same request.
+	forms := [2]string{
+		fmt.Sprintf(`{"model":"gpt-4.1","temperature":0,"max_tokens":24,"stream":%v,"messages":[{"role":"user","content":%q}]}`, stream, prompt),
+		fmt.Sprintf(`{ "messages": [ {"content": %q, "role": "user"} ], "stream": %v, "max_tokens": 24, "temperature": 0, "model": "gpt-4.1" }`, prompt, stream),
+	}
+	followersBefore := sumMetric(t, ctx, reps, followerSeries)
+	callsBefore, simBefore := s.count(), s.Stats().Total.Calls
+	s.hold()
+	replies := make([]reply, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			replies[i] = send(ctx, reps[i%len(reps)], forms[i%2], "X-Request-Id", fmt.Sprintf("dedup-%v-%d", stream, i))
+		})
+	}
+	// Every request is in the flight before the provider answers.
+	waitUntil(t, 30*time.Second, fmt.Sprintf("1 request reached the provider and %d follow it", n-1), func() bool {
+		if c := s.count() - callsBefore; c > 1 {
+			t.Fatalf("%d identical requests reached the provider", c)
+		}
+		return s.count()-callsBefore == 1 && sumMetric(t, ctx, reps, followerSeries)-followersBefore == n-1
+	})
+	s.release()
+	wg.Wait()
+
+	leader := -1
+	roles := map[string]int{}
+	for i, r := range replies {
+		if r.err != nil || r.status != http.StatusOK {
+			t.Fatalf("request %d via %s: %d %v %s", i, reps[i%len(reps)].name, r.status, r.err, r.body)
+		}
+		role := r.header.Get("X-Llmgate-Dedup")
+		roles[role]++
+		if role == "leader" {
+			leader = i
+		}
+		if got, want := r.header.Get("X-Request-Id"), fmt.Sprintf("dedup-%v-%d", stream, i); got != want {
+			t.Errorf("request %d: x-request-id %q, want its own %q", i, got, want)
+		}
+	}
+	if roles["leader"] != 1 || roles["follower"] != n-1 || leader < 0 {
+		t.Fatalf("x-llmgate-dedup roles %v; want 1 leader and %d followers", roles, n-1)
+	}
+	want := replies[leader]
+	for i, r := range replies {
+		if !bytes.Equal(r.body, want.body) {
+			t.Fatalf("request %d (%s) got another answer than the leader (request %d):\n%s\n--- leader ---\n%s",
+				i, r.header.Get("X-Llmgate-Dedup"), leader, r.body, want.body)
+		}
+		if ct := r.header.Get("Content-Type"); ct != want.header.Get("Content-Type") {
+			t.Errorf("request %d: content-type %q, the leader's %q", i, ct, want.header.Get("Content-Type"))
+		}
+	}
+	if calls, served := s.count()-callsBefore, s.Stats().Total.Calls-simBefore; calls != 1 || served != 1 {
+		t.Fatalf("%d requests reached the provider (%d served); want 1", calls, served)
+	}
+	if stream {
+		evs := sseEvents(want.body)
+		if len(evs) < 4 || evs[len(evs)-1] != "data: [DONE]" || !strings.HasPrefix(want.header.Get("Content-Type"), "text/event-stream") {
+			t.Fatalf("the shared stream is not a complete SSE stream (%d events, %q):\n%s", len(evs), want.header.Get("Content-Type"), want.body)
+		}
+		t.Logf("leader: request %d via %s; 99 followers relayed the same %d events (%d bytes)", leader, reps[leader%len(reps)].name, len(evs), len(want.body))
+		return
+	}
+	var cc struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(want.body, &cc); err != nil || len(cc.Choices) != 1 || cc.Choices[0].Message.Content == "" {
+		t.Fatalf("the shared answer is not a chat completion (%v): %s", err, want.body)
+	}
+	t.Logf("leader: request %d via %s; 99 followers got the same %d bytes", leader, reps[leader%len(reps)].name, len(want.body))
+}
+
+// TestE2EIdempotencyKeyAcrossReplicas: a request with an Idempotency-Key
+// is answered once; a retry through another replica after it completed
+// gets the stored answer, byte for byte, without an upstream call (also
+// with the body's keys in another order); the key with another body gets
+// 409 on every replica, and the stored answer survives that.
+func TestE2EIdempotencyKeyAcrossReplicas(t *testing.T) {
+	logRuntime(t)
+	rds := testutil.StartRedis(t)
+	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
+	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
+	defer cancel()
+	const key = "order-42-attempt"
+	body := `{"model":"gpt-4.1","max_tokens":12,"messages":[{"role":"user","content":"charge order 42"}]}`
+	reordered := `{ "messages": [ {"content": "charge order 42", "role": "user"} ], "max_tokens": 12, "model": "gpt-4.1" }`
+
+	first := send(ctx, reps[0], body, "Idempotency-Key", key)
+	if first.err != nil || first.status != http.StatusOK || first.header.Get("X-Llmgate-Dedup") != "leader" {
+		t.Fatalf("first request via %s: %d %v role %q %s", reps[0].name, first.status, first.err, first.header.Get("X-Llmgate-Dedup"), first.body)
+	}
+	// Completed: the flight is finished in Redis and kept for
+	// dedup.idempotency_ttl (24h by default).
+	rc := rds.Client(t)
+	hkey := dedupredis.New(rc, dedupredis.Config{}).Key("idem:team-a:" + key)
+	waitUntil(t, 10*time.Second, "the idempotent flight is finished in Redis", func() bool {
+		st, err := rc.Do(ctx, rc.B().Hget().Key(hkey).Field("s").Build()).ToString()
+		return err == nil && st == "f"
+	})
+	if ttl, err := rc.Do(ctx, rc.B().Pttl().Key(hkey).Build()).AsInt64(); err != nil || time.Duration(ttl)*time.Millisecond < 23*time.Hour {
+		t.Errorf("the stored answer expires in %dms (%v); want about 24h", ttl, err)
+	}
+	if c := s.count(); c != 1 {
+		t.Fatalf("%d requests reached the provider", c)
+	}
+
+	retries := []struct {
+		r    *replica
+		body string
+	}{{reps[1], body}, {reps[2], body}, {reps[2], reordered}, {reps[0], body}}
+	for i, rt := range retries {
+		got := send(ctx, rt.r, rt.body, "Idempotency-Key", key)
+		if got.err != nil || got.status != http.StatusOK || !bytes.Equal(got.body, first.body) || got.header.Get("X-Llmgate-Dedup") != "follower" {
+			t.Fatalf("retry %d via %s: %d %v role %q\n%s\nwant the stored\n%s", i, rt.r.name, got.status, got.err,
+				got.header.Get("X-Llmgate-Dedup"), got.body, first.body)
+		}
+	}
+	if c := s.count(); c != 1 {
+		t.Fatalf("%d requests reached the provider; retries must get the stored answer", c)
+	}
+
+	other := strings.Replace(body, "order 42", "order 43", 1)
+	for _, r := range reps {
+		got := send(ctx, r, other, "Idempotency-Key", key)
+		if got.err != nil {
+			t.Fatal(got.err)
+		}
+		if e := decodeError(t, got.body); got.status != http.StatusConflict || e.Error.Code != "idempotency_key_reused" {
+			t.Errorf("the key with another body via %s: %d %s; want 409 idempotency_key_reused", r.name, got.status, got.body)
+		}
+	}
+	if again := send(ctx, reps[1], body, "Idempotency-Key", key); again.status != http.StatusOK || !bytes.Equal(again.body, first.body) {
+		t.Errorf("after the conflicts, a retry via %s: %d %v %s", reps[1].name, again.status, again.err, again.body)
+	}
+	if c := s.count(); c != 1 {
+		t.Errorf("%d requests reached the provider in all; want 1", c)
+	}
+}
+
+// TestE2EDedupLeaderKilled: 24 identical requests over three replicas; the
+// provider holds the leader's call. The leader's replica (the one whose
+// request id reached the provider) is killed with SIGKILL, then the
+// provider lets the call go. The clients of the killed replica lose their
+// connection; the followers on the other replicas take over within the
+// lease TTL (2s) and a new upstream call: all of them get 200 and the same
+// answer, one of them as the new leader; the provider saw two calls in all
+// (the dead one and the takeover).
+func TestE2EDedupLeaderKilled(t *testing.T) {
+	logRuntime(t)
+	const (
+		leaseTTL   = 2 * time.Second
+		perReplica = 8
+		// takeoverBound: the dead leader's lease runs out within leaseTTL
+		// and followers check it every leaseTTL/3; the margin is the new
+		// upstream call on a loaded 2-core machine.
+		takeoverBound = leaseTTL + leaseTTL/3 + 5*time.Second
+		// clientDeadline bounds every client: none may hang.
+		clientDeadline = 30 * time.Second
+	)
+	rds := testutil.StartRedis(t)
+	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: 2 * time.Millisecond})
+	reps := startReplicas(t, 3, gatewayConfig{
+		Store: rds.URL(), SimURL: s.url, LogLevel: "info", Extra: fmt.Sprintf("dedup: {lease_ttl: %v}\n", leaseTTL),
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
+	defer cancel()
+	body := `{"model":"gpt-4.1","temperature":0,"max_tokens":16,"messages":[{"role":"user","content":"who takes over?"}]}`
+
+	s.hold()
+	replies := make([][]reply, len(reps))
+	var wg sync.WaitGroup
+	for ri, r := range reps {
+		replies[ri] = make([]reply, perReplica)
+		for i := range perReplica {
+			wg.Go(func() {
+				rctx, rcancel := context.WithTimeout(ctx, clientDeadline)
+				defer rcancel()
+				replies[ri][i] = send(rctx, r, body, "X-Request-Id", fmt.Sprintf("kill-%d-%d", ri, i))
+			})
+		}
+	}
+	total := len(reps) * perReplica
+	waitUntil(t, 30*time.Second, fmt.Sprintf("1 request reached the provider and %d follow it", total-1), func() bool {
+		return s.count() == 1 && sumMetric(t, ctx, reps, followerSeries) == float64(total-1)
+	})
+	// The leader is on the replica whose request reached the provider.
+	leaderID := s.seen()[0].requestID
+	var li, lj int
+	if _, err := fmt.Sscanf(leaderID, "kill-%d-%d", &li, &lj); err != nil || li < 0 || li >= len(reps) {
+		t.Fatalf("the provider saw x-request-id %q (%v); want one of the test's", leaderID, err)
+	}
+	dead := reps[li]
+	dead.kill(t)
+	killedAt := time.Now()
+	s.release()
+	wg.Wait()
+
+	var (
+		answer  []byte
+		leaders []string
+		slowest time.Duration
+	)
+	for ri, rs := range replies {
+		for i, r := range rs {
+			if ri == li {
+				// Its clients lose their connection; none may hang.
+				if r.err == nil {
+					t.Errorf("request %d via the killed %s: %d %s; want a broken connection", i, dead.name, r.status, r.body)
+				}
+				continue
+			}
+			if r.err != nil || r.status != http.StatusOK {
+				t.Errorf("request %d via %s: %d %v %s", i, reps[ri].name, r.status, r.err, r.body)
+				continue
+			}
+			took := r.done.Sub(killedAt)
+			slowest = max(slowest, took)
+			if took > takeoverBound {
+				t.Errorf("request %d via %s answered %v after the kill; the takeover must take at most %v", i, reps[ri].name, took, takeoverBound)
+			}
+			if answer == nil {
+				answer = r.body
+			} else if !bytes.Equal(r.body, answer) {
+				t.Errorf("request %d via %s got another answer:\n%s\nwant\n%s", i, reps[ri].name, r.body, answer)
+			}
+			if r.header.Get("X-Llmgate-Dedup") == "leader" {
+				leaders = append(leaders, r.header.Get("X-Request-Id"))
+			}
+		}
+	}
+	calls := s.seen()
+	t.Logf("leader %s on %s killed; the followers were answered within %v of the kill; the provider saw %d calls (the second from %s)",
+		leaderID, dead.name, slowest.Round(time.Millisecond), len(calls), calls[len(calls)-1].requestID)
+	if len(calls) != 2 {
+		t.Fatalf("%d calls reached the provider; want 2 (the dead leader's and the takeover)", len(calls))
+	}
+	if len(leaders) != 1 || leaders[0] != calls[1].requestID {
+		t.Errorf("new leaders %v; want exactly the request whose call reached the provider second (%s)", leaders, calls[1].requestID)
+	}
+	if strings.HasPrefix(calls[1].requestID, fmt.Sprintf("kill-%d-", li)) {
+		t.Errorf("the takeover call %s came from the killed replica", calls[1].requestID)
+	}
+}
+
+// TestE2ECacheHitsAcrossReplicas: a tenant with cache: {ttl: 1m} and
+// limits: {rpm: 2}. After one miss per form (JSON, stream) has filled the
+// shared cache, hits through every replica are byte-identical replays
+// marked x-llmgate-cache: hit, reach no provider and use no quota: the two
+// misses used the tenant's whole minute, which a final uncached request
+// shows (429).
+func TestE2ECacheHitsAcrossReplicas(t *testing.T) {
+	logRuntime(t)
+	const hitsPerReplica = 3
+	rds := testutil.StartRedis(t)
+	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: time.Millisecond})
+	reps := startReplicasYAML(t, 3, tenantYAML(t,
+		gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info", MaxWait: "0s"},
+		"    cache: {ttl: 1m}\n    limits: {rpm: 2}\n"))
+	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
+	defer cancel()
+	rc := rds.Client(t)
+	entries := func() int {
+		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(keys)
+	}
+
+	for form, stream := range []bool{false, true} {
+		// max_tokens above the simulator's longest answer (47 tokens): an
+		// answer cut by the limit would not be cached.
+		body := fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":64,"stream":%v,"messages":[{"role":"user","content":"cache me (stream=%v)"}]}`, stream, stream)
+		first := send(ctx, reps[form], body)
+		if first.err != nil || first.status != http.StatusOK || first.header.Get("X-Llmgate-Cache") != "miss" {
+			t.Fatalf("stream=%v: first request: %d %v cache %q %s", stream, first.status, first.err, first.header.Get("X-Llmgate-Cache"), first.body)
+		}
+		// The fill runs after the answer, in the background.
+		waitUntil(t, 10*time.Second, "the answer is in the shared cache", func() bool { return entries() == form+1 })
+		calls := s.count()
+		for k := range hitsPerReplica * len(reps) {
+			r := reps[k%len(reps)]
+			hit := send(ctx, r, body)
+			if hit.err != nil || hit.status != http.StatusOK {
+				t.Fatalf("stream=%v: hit %d via %s: %d %v %s", stream, k, r.name, hit.status, hit.err, hit.body)
+			}
+			if hit.header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(hit.body, first.body) {
+				t.Fatalf("stream=%v: request %d via %s: cache %q\n%s\nwant the first answer\n%s", stream, k, r.name,
+					hit.header.Get("X-Llmgate-Cache"), hit.body, first.body)
+			}
+			if ct := hit.header.Get("Content-Type"); ct != first.header.Get("Content-Type") {
+				t.Errorf("stream=%v: a hit's content-type %q, the first answer's %q", stream, ct, first.header.Get("Content-Type"))
+			}
+		}
+		if c := s.count(); c != calls {
+			t.Fatalf("stream=%v: %d cache hits reached the provider", stream, c-calls)
+		}
+		if stream {
+			if evs := sseEvents(first.body); len(evs) < 4 || evs[len(evs)-1] != "data: [DONE]" {
+				t.Fatalf("the cached stream is not complete: %q", evs)
+			}
+		}
+	}
+	// The two misses used the tenant's 2 requests per minute: a request the
+	// cache cannot answer is refused, so the hits above were free.
+	calls := s.count()
+	last := send(ctx, reps[2], `{"model":"gpt-4.1","max_tokens":64,"messages":[{"role":"user","content":"not cached"}]}`)
+	if last.err != nil {
+		t.Fatal(last.err)
+	}
+	if e := decodeError(t, last.body); last.status != http.StatusTooManyRequests || e.Error.Code != "rate_limit_exceeded" {
+		t.Errorf("an uncached request after the hits: %d %s; want 429 (the tenant's rpm is used up)", last.status, last.body)
+	}
+	if c := s.count(); c != calls || c != 2 {
+		t.Errorf("the provider saw %d calls in all; want the 2 misses", c)
+	}
+}
+
+// sessionTurnRE reads the session and turn back from a request body.
+var sessionTurnRE = regexp.MustCompile(`session (\d+) turn (\d+)"`)
+
+// TestE2ESessionOrderAcrossReplicas: 3 sessions of 30 turns, each turn
+// sent to a random replica, reach the provider one turn at a time per
+// session, in the order they were sent, with increasing fencing tokens.
+// The send order is made a fact: the provider holds turn 0 of every
+// session, and turn k is sent only once the session's queue in Redis
+// holds k waiters.
+func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
+	logRuntime(t)
+	const sessions, turns = 3, 30
+	rds := testutil.StartRedis(t)
+	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
+	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
+	defer cancel()
+	// The gateway's session lock: "session:<tenant>:<id>" on lock/redis
+	// with its default prefix.
+	locks := lockredis.New(rds.Client(t), lockredis.Config{})
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("replica choice seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	body := func(sn, k int) string {
+		return fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":4,"messages":[{"role":"user","content":"session %d turn %d"}]}`, sn, k)
+	}
+	sessionID := func(sn int) string { return "conv-" + strconv.Itoa(sn) }
+
+	s.hold()
+	replies := make([][]reply, sessions)
+	via := make([][]string, sessions)
+	for sn := range sessions {
+		replies[sn], via[sn] = make([]reply, turns), make([]string, turns)
+	}
+	var wg sync.WaitGroup
+	for k := range turns {
+		for sn := range sessions {
+			r := reps[rng.IntN(len(reps))]
+			via[sn][k] = r.name
+			wg.Go(func() { replies[sn][k] = send(ctx, r, body(sn, k), "X-Session-Id", sessionID(sn)) })
+		}
+		for sn := range sessions {
+			if k == 0 {
+				s.waitArrival(t, fmt.Sprintf(`session %d turn 0"`, sn), 30*time.Second)
+				continue
+			}
+			waitUntil(t, 30*time.Second, fmt.Sprintf("session %d has %d waiters", sn, k), func() bool {
+				n, err := locks.Waiters(ctx, "session:team-a:"+sessionID(sn))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n == k
+			})
+		}
+	}
+	released := time.Now()
+	s.release()
+	wg.Wait()
+	t.Logf("%d turns answered %v after the provider let turn 0 go", sessions*turns, time.Since(released).Round(time.Millisecond))
+
+	for sn := range sessions {
+		for k, r := range replies[sn] {
+			if r.err != nil || r.status != http.StatusOK {
+				t.Errorf("session %d turn %d via %s: %d %v %s", sn, k, via[sn][k], r.status, r.err, r.body)
+			}
+		}
+	}
+	next := make([]int, sessions)
+	lastFence := make([]uint64, sessions)
+	for _, c := range s.seen() {
+		m := sessionTurnRE.FindStringSubmatch(c.body)
+		if m == nil {
+			t.Fatalf("unexpected request at the provider: %s", c.body)
+		}
+		sn, _ := strconv.Atoi(m[1])
+		k, _ := strconv.Atoi(m[2])
+		fence, err := strconv.ParseUint(c.fence, 10, 64)
+		if err != nil {
+			t.Fatalf("session %d turn %d reached the provider with x-fencing-token %q", sn, k, c.fence)
+		}
+		if k != next[sn] {
+			t.Fatalf("session %d: turn %d (sent via %s) reached the provider when turn %d was next", sn, k, via[sn][k], next[sn])
+		}
+		if fence <= lastFence[sn] {
+			t.Fatalf("session %d turn %d: fencing token %d, not above the previous turn's %d", sn, k, fence, lastFence[sn])
+		}
+		next[sn]++
+		lastFence[sn] = fence
+	}
+	for sn, n := range next {
+		if n != turns {
+			t.Errorf("session %d: %d of %d turns reached the provider", sn, n, turns)
+		}
+	}
+}
