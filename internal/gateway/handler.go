@@ -63,87 +63,18 @@ func (c *call) priceModel() string {
 // serve runs the pipeline for one of the proxied POST endpoints.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoint) {
 	c := &call{id: setRequestID(w, r), start: time.Now(), outcome: "error"}
-	model := ""
-	defer func() {
-		g.metrics.observeRequest(c, ep, model)
-		if g.log.Enabled(r.Context(), slog.LevelDebug) {
-			tenant := ""
-			if c.tenant != nil {
-				tenant = c.tenant.Name
-			}
-			g.log.Debug("request", "request_id", c.id, "endpoint", ep.String(), "tenant", tenant,
-				"outcome", c.outcome, "duration", time.Since(c.start))
-		}
-	}()
+	defer g.record(r, c, ep)
 	ctx, cancel := context.WithTimeout(r.Context(), g.opt.RequestTimeout)
 	defer cancel()
 
-	t, aerr := g.authenticate(r)
+	cache, fl, aerr := g.prepare(w, r, ep, c)
 	if aerr != nil {
-		c.outcome = "unauthorized"
 		aerr.Write(w)
 		return
-	}
-	c.tenant = t
-	body, aerr := g.readBody(w, r)
-	if aerr != nil {
-		c.outcome = "bad_request"
-		aerr.Write(w)
-		return
-	}
-	c.body = body
-	req, aerr := openai.ParseRequest(ep, body)
-	if aerr != nil {
-		c.outcome = "bad_request"
-		aerr.Write(w)
-		return
-	}
-	c.req = req
-	model = req.Model
-	if t.Models != nil && !t.Models[req.Model] {
-		c.outcome = "forbidden"
-		errf(http.StatusForbidden, openai.TypePermission, "model_not_allowed", "model",
-			"The model '%s' is not allowed for this API key.", req.Model).Write(w)
-		return
-	}
-	targets, ok := g.opt.Route(req.Model)
-	if !ok || len(targets) == 0 {
-		c.outcome = "not_found"
-		errf(http.StatusNotFound, openai.TypeInvalidRequest, "model_not_found", "model",
-			"The model '%s' does not exist or you do not have access to it.", req.Model).Write(w)
-		return
-	}
-	c.targets = targets
-	if aerr := g.readHints(r, c); aerr != nil {
-		c.outcome = "bad_request"
-		aerr.Write(w)
-		return
-	}
-	g.estimate(c)
-	if g.opt.Locker != nil {
-		sid, aerr := g.sessionID(r)
-		if aerr != nil {
-			c.outcome = "bad_request"
-			aerr.Write(w)
-			return
-		}
-		c.session = sid
 	}
 	// Cache, then de-duplication, then the session, then admission: a hit
 	// or a follower costs no session turn, limit or budget.
-	cache, aerr := g.cacheFor(r, c)
-	if aerr != nil {
-		c.outcome = "bad_request"
-		aerr.Write(w)
-		return
-	}
 	if cache != nil && g.serveCached(ctx, w, c, cache) {
-		return
-	}
-	fl, aerr := g.flightFor(r, c)
-	if aerr != nil {
-		c.outcome = "bad_request"
-		aerr.Write(w)
 		return
 	}
 	if fl != nil {
@@ -151,6 +82,73 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoi
 		return
 	}
 	g.runLocked(ctx, w, r, c, cache)
+}
+
+// prepare authenticates, reads, parses and routes the request, and says how
+// it is cached and shared. On failure it sets c.outcome and returns the
+// client's error.
+func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, ep openai.Endpoint, c *call) (*cacheFill, *flight, *apiError) {
+	fail := func(outcome string, e *apiError) (*cacheFill, *flight, *apiError) {
+		c.outcome = outcome
+		return nil, nil, e
+	}
+	t, aerr := g.authenticate(r)
+	if aerr != nil {
+		return fail("unauthorized", aerr)
+	}
+	c.tenant = t
+	if c.body, aerr = g.readBody(w, r); aerr != nil {
+		return fail("bad_request", aerr)
+	}
+	if c.req, aerr = openai.ParseRequest(ep, c.body); aerr != nil {
+		return fail("bad_request", aerr)
+	}
+	model := c.req.Model
+	if t.Models != nil && !t.Models[model] {
+		return fail("forbidden", errf(http.StatusForbidden, openai.TypePermission, "model_not_allowed", "model",
+			"The model '%s' is not allowed for this API key.", model))
+	}
+	targets, ok := g.opt.Route(model)
+	if !ok || len(targets) == 0 {
+		return fail("not_found", errf(http.StatusNotFound, openai.TypeInvalidRequest, "model_not_found", "model",
+			"The model '%s' does not exist or you do not have access to it.", model))
+	}
+	c.targets = targets
+	if aerr := g.readHints(r, c); aerr != nil {
+		return fail("bad_request", aerr)
+	}
+	g.estimate(c)
+	if g.opt.Locker != nil {
+		if c.session, aerr = g.sessionID(r); aerr != nil {
+			return fail("bad_request", aerr)
+		}
+	}
+	cache, aerr := g.cacheFor(r, c)
+	if aerr != nil {
+		return fail("bad_request", aerr)
+	}
+	fl, aerr := g.flightFor(r, c)
+	if aerr != nil {
+		return fail("bad_request", aerr)
+	}
+	return cache, fl, nil
+}
+
+// record counts and logs a finished request.
+func (g *Gateway) record(r *http.Request, c *call, ep openai.Endpoint) {
+	model := ""
+	if c.req != nil {
+		model = c.req.Model
+	}
+	g.metrics.observeRequest(c, ep, model)
+	if g.log.Enabled(r.Context(), slog.LevelDebug) {
+		tenant := ""
+		if c.tenant != nil {
+			tenant = c.tenant.Name
+		}
+		g.log.Debug("request", "request_id", c.id, "endpoint", ep.String(), "tenant", tenant,
+			"outcome", c.outcome, "duration", time.Since(c.start))
+	}
 }
 
 // readBody reads the request body up to the configured limit.

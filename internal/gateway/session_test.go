@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/llmgate/llmgate/clock"
-	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/lock"
 	lockmemory "github.com/llmgate/llmgate/lock/memory"
 )
@@ -48,18 +46,8 @@ func (g *gatedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // sessions are not held up by it.
 func TestSessionOrder(t *testing.T) {
 	const sessions, turns = 3, 30
-	up := &gatedUpstream{gate: make(chan struct{})}
 	backend := lockmemory.New(clock.Real{})
-	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
-		s, _ := sim.New(sim.Config{APIKeys: []string{providerKey}})
-		up.next = s.Handler()
-		srv := httptest.NewServer(up)
-		h.t.Cleanup(srv.Close)
-		for i := range o.Deployments {
-			o.Deployments[i].Target.BaseURL = srv.URL + "/v1"
-		}
-		o.Locker = lock.New(backend)
-	}})
+	h, up := gatedHarness(t, func(o *Options, h *harness) { o.Locker = lock.New(backend) })
 	body := func(s, k int) string {
 		return fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":5,"messages":[{"role":"user","content":"session %d turn %d"}]}`, s, k)
 	}
@@ -132,18 +120,8 @@ func arrived(up *gatedUpstream, body string) bool {
 // TestSessionWaiterLeaves: a client that gives up while its turn waits
 // leaves the session's queue.
 func TestSessionWaiterLeaves(t *testing.T) {
-	up := &gatedUpstream{gate: make(chan struct{})}
 	backend := lockmemory.New(clock.Real{})
-	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
-		s, _ := sim.New(sim.Config{APIKeys: []string{providerKey}})
-		up.next = s.Handler()
-		srv := httptest.NewServer(up)
-		h.t.Cleanup(srv.Close)
-		for i := range o.Deployments {
-			o.Deployments[i].Target.BaseURL = srv.URL + "/v1"
-		}
-		o.Locker = lock.New(backend)
-	}})
+	h, up := gatedHarness(t, func(o *Options, h *harness) { o.Locker = lock.New(backend) })
 	first := make(chan int, 1)
 	go func() {
 		resp := h.post("/v1/chat/completions", tenantKey, chatBody, "X-Session-Id", "s1")
