@@ -40,9 +40,9 @@ func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservatio
 		if err != nil {
 			return budget.Reservation{}, internalError(g, c, "budget window", err)
 		}
-		return budget.Reservation{ID: c.id, Tenant: c.tenant.Name, Window: win, Model: c.priceModel(), Estimate: est}, nil
+		return budget.Reservation{ID: c.usageID(), Tenant: c.tenant.Name, Window: win, Model: c.priceModel(), Estimate: est}, nil
 	}
-	res, err := g.opt.Budgets.Reserve(ctx, *b, c.id, c.priceModel(), est)
+	res, err := g.opt.Budgets.Reserve(ctx, *b, c.usageID(), c.priceModel(), est)
 	if err == nil {
 		return res, nil
 	}

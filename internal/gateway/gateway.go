@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -172,7 +171,7 @@ type Gateway struct {
 	deps     []*deployment
 	byName   map[string]*deployment
 	// pending counts background settles; Close waits for them.
-	pending sync.WaitGroup
+	pending pendingWork
 }
 
 // New returns a Gateway, or an error naming what is missing.

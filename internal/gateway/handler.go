@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/tokens"
 	"github.com/llmgate/llmgate/ratelimit"
@@ -45,9 +46,21 @@ type call struct {
 	session, fence string
 	// hash is the body's content hash, once computed.
 	hash string
+	// usage is the ID the request's budget reservation and usage record
+	// go by: made here, never the client's x-request-id, which a client
+	// could repeat to have later requests taken for settled ones.
+	usage string
 }
 
 func (c *call) tokenEstimate() int64 { return c.promptEstimate + c.completionEstimate }
+
+// usageID returns the request's reservation ID.
+func (c *call) usageID() string {
+	if c.usage == "" {
+		c.usage = budget.NewID()
+	}
+	return c.usage
+}
 
 // priceModel is the model a budget reservation is priced with: the first
 // route target's (an alias has no price of its own). Settle prices the

@@ -394,3 +394,29 @@ func TestKeysBalancedByHeadroom(t *testing.T) {
 		t.Fatalf("provider 429s: %d", st.RateLimited)
 	}
 }
+
+// TestRepeatedRequestIDStillCharged: a client that repeats its
+// x-request-id must not have later requests taken for settled ones.
+func TestRepeatedRequestIDStillCharged(t *testing.T) {
+	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
+		h.teamA.Budget = &budget.Budget{Tenant: "team-a", Period: budget.Month, Tokens: 1_000_000}
+	}})
+	for range 3 {
+		resp := h.post("/v1/chat/completions", tenantKey, chatBody, "X-Request-Id", "same-id")
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatal(resp.StatusCode)
+		}
+	}
+	if err := h.gw.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	st, err := h.budgets.Spend(t.Context(), *h.teamA.Budget, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := h.sim.Stats().Total
+	if sim.Calls != 3 || st.Spent.Tokens != sim.PromptTokens+sim.CompletionTokens {
+		t.Fatalf("provider: %d calls, %d tokens; budget charged %d tokens", sim.Calls, sim.PromptTokens+sim.CompletionTokens, st.Spent.Tokens)
+	}
+}

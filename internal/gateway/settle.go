@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
@@ -126,14 +127,46 @@ func (g *Gateway) releaseBudget(res budget.Reservation) {
 
 // Close waits until every finished request has been recorded, or ctx ends.
 func (g *Gateway) Close(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { g.pending.Wait(); close(done) }()
+	return g.pending.wait(ctx)
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// pendingWork counts background work. Unlike sync.WaitGroup, work may be
+// added while someone waits (a handler finishing as Close is called): the
+// waiter returns once the count is zero at some moment.
+type pendingWork struct {
+	mu   sync.Mutex // protects n and zero
+	n    int
+	zero chan struct{} // closed when n drops to 0; nil while n is 0
+}
+
+func (p *pendingWork) Add(d int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n == 0 && p.zero == nil {
+		p.zero = make(chan struct{})
+	}
+	p.n += d
+	if p.n == 0 {
+		close(p.zero)
+		p.zero = nil
+	}
+}
+
+func (p *pendingWork) Done() { p.Add(-1) }
+
+func (p *pendingWork) wait(ctx context.Context) error {
+	p.mu.Lock()
+	zero := p.zero
+	p.mu.Unlock()
+	if zero == nil {
+		return nil
+	}
 	select {
-	case <-done:
+	case <-zero:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/dedup"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/respcache"
@@ -124,6 +125,7 @@ func (g *Gateway) share(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		done, err := g.follow(ctx, w, c, follower, &wroteHead, &wrote)
 		follower.Close()
 		if done {
+			g.recordFollower(c)
 			return
 		}
 		if !errors.Is(err, dedup.ErrLeaderGone) || attempt >= 5 {
@@ -261,4 +263,28 @@ func (g *Gateway) runLocked(ctx context.Context, w http.ResponseWriter, r *http.
 	if tee.record != nil {
 		g.fillCache(c, cache, tee.record)
 	}
+}
+
+// followerDeployment labels de-duplicated requests in the usage rows.
+const followerDeployment = "dedup-follower"
+
+// recordFollower counts a request answered by another's upstream call in
+// the tenant's usage, as a request with no tokens and no cost, so the usage
+// API shows what de-duplication saved.
+func (g *Gateway) recordFollower(c *call) {
+	b := budget.Budget{Tenant: c.tenant.Name, Period: accountingPeriod}
+	if c.tenant.Budget != nil {
+		b = *c.tenant.Budget
+	}
+	win, err := b.Window(time.Now())
+	if err != nil {
+		return
+	}
+	res := budget.Reservation{ID: c.usageID(), Tenant: c.tenant.Name, Window: win, Model: c.priceModel()}
+	rec := budget.Record{Model: c.priceModel(), Deployment: followerDeployment}
+	g.background(func(ctx context.Context) {
+		if _, err := g.opt.Budgets.Settle(ctx, res, rec); err != nil {
+			g.log.Warn("could not record a de-duplicated request in usage", "request_id", c.id, "err", err)
+		}
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -120,6 +121,23 @@ func TestIdempotencyKey(t *testing.T) {
 	}
 	if c := h.sim.Stats().Total.Calls; c != 1 {
 		t.Fatalf("%d upstream calls, want 1", c)
+	}
+	// The follower shows in the usage rows, with no tokens.
+	if err := h.gw.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := h.budgets.Usage(t.Context(), "team-a", time.Now().UTC().Format("2006-01"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var follower bool
+	for _, r := range rows {
+		if r.Deployment == followerDeployment {
+			follower = r.Requests == 1 && r.PromptTokens == 0 && r.CompletionTokens == 0 && r.MicroUSD == 0
+		}
+	}
+	if !follower {
+		t.Fatalf("usage rows %+v: want one de-duplicated request with no tokens", rows)
 	}
 	code, body, _ := send(strings.Replace(chatBody, "quotas", "budgets", 1))
 	if code != 409 || !strings.Contains(body, "idempotency_key_reused") {
