@@ -28,10 +28,10 @@ const mockGrace = 5 * time.Second
 const mockUsageText = `Usage:
   llmgate mock [flags]
 
-Runs the built-in simulated OpenAI-compatible provider: chat completions (JSON
-and SSE streaming), embeddings and models, with deterministic answers,
-configurable latency, RPM/TPM/concurrency limits answered with OpenAI's 429s,
-and fault injection. GET /stats reports what it served. It stops on SIGINT or
+Runs the built-in simulated OpenAI-compatible provider: chat and legacy
+completions (JSON and SSE streaming), embeddings and models, with
+deterministic answers, configurable latency, RPM/TPM/concurrency limits
+answered with OpenAI's 429s, and fault injection. GET /stats reports what it served. It stops on SIGINT or
 SIGTERM, letting requests in flight finish for up to 5s. See docs/mock.md.
 
 Flags:
