@@ -392,6 +392,7 @@ func gatewayTenant(ct *config.Tenant) (*gateway.Tenant, error) {
 		Limits:   gateway.Limits{RPM: ct.Limits.RPM, TPM: ct.Limits.TPM, Concurrency: ct.Limits.Concurrency},
 		Priority: ct.RatePriority(),
 		MaxWait:  ct.MaxWait,
+		Dedup:    ct.Dedup,
 	}
 	if len(ct.Models) > 0 {
 		t.Models = make(map[string]bool, len(ct.Models))

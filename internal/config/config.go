@@ -348,6 +348,9 @@ type Tenant struct {
 	MaxWait *time.Duration `yaml:"max_wait"`
 	// Cache opts the tenant into the response cache; nil means off.
 	Cache *TenantCache `yaml:"cache"`
+	// Dedup de-duplicates all of the tenant's requests, whatever their
+	// temperature (opt-in: identical requests then get identical answers).
+	Dedup bool `yaml:"dedup"`
 }
 
 // TenantCache opts a tenant into the response cache.

@@ -153,6 +153,16 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string) {
 		}
 		p("    budget: %s\n", describeBudget(t.Budget))
 		p("    priority: %s; max wait %s\n", t.Priority, durationString(t.MaxWaitOr(c.MaxWait)))
+		if t.Cache != nil {
+			models := "all models"
+			if len(t.Cache.Models) > 0 {
+				models = strings.Join(t.Cache.Models, ", ")
+			}
+			p("    cache: answers kept %s (%s)\n", durationString(t.Cache.TTL), models)
+		}
+		if t.Dedup {
+			p("    dedup: every request shares identical requests' upstream call\n")
+		}
 	}
 
 	defaults := budget.DefaultPrices()

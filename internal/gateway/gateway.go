@@ -63,6 +63,8 @@ type Tenant struct {
 	MaxWait *time.Duration
 	// Cache opts the tenant into the response cache; nil means off.
 	Cache *TenantCache
+	// Dedup de-duplicates all of the tenant's requests (opt-in).
+	Dedup bool
 }
 
 // Model is an entry of GET /v1/models.

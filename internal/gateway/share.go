@@ -58,13 +58,14 @@ func (c *call) contentHash() (string, error) {
 
 // flightFor decides whether c shares its call: an Idempotency-Key always
 // does; otherwise a request deterministic by configuration (temperature 0,
-// or a model opted in) does. nil means c runs alone.
+// or a model or tenant opted in) does. nil means c runs alone.
 func (g *Gateway) flightFor(r *http.Request, c *call) (*flight, *apiError) {
 	if g.opt.Dedup == nil {
 		return nil, nil
 	}
 	idem := r.Header.Get("Idempotency-Key")
-	auto := (g.opt.DedupDeterministic && c.req.Temperature != nil && *c.req.Temperature == 0) || g.opt.DedupModels[c.req.Model]
+	auto := (g.opt.DedupDeterministic && c.req.Temperature != nil && *c.req.Temperature == 0) ||
+		g.opt.DedupModels[c.req.Model] || c.tenant.Dedup
 	if idem == "" && !auto {
 		return nil, nil
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/sim"
 )
 
@@ -208,5 +209,46 @@ func TestCacheSkipsTruncated(t *testing.T) {
 		if err := h.gw.Close(t.Context()); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestFlightTriggers: which requests share an upstream call.
+func TestFlightTriggers(t *testing.T) {
+	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
+		o.DedupModels = map[string]bool{"gpt-4.1-mini": true}
+		h.batch.Dedup = true
+	}})
+	cases := []struct {
+		name, key, body, idem string
+		want                  string // "" = runs alone, else the flight key prefix
+	}{
+		{"plain", tenantKey, `{"model":"gpt-4.1","messages":[]}`, "", ""},
+		{"temperature 0", tenantKey, `{"model":"gpt-4.1","temperature":0,"messages":[]}`, "", "auto:team-a:"},
+		{"temperature 0.7", tenantKey, `{"model":"gpt-4.1","temperature":0.7,"messages":[]}`, "", ""},
+		{"model opted in", tenantKey, `{"model":"gpt-4.1-mini","temperature":1,"messages":[]}`, "", "auto:team-a:"},
+		{"tenant opted in", batchKey, `{"model":"gpt-4.1","temperature":1,"messages":[]}`, "", "auto:batch-jobs:"},
+		{"idempotency key", tenantKey, `{"model":"gpt-4.1","messages":[]}`, "k1", "idem:team-a:k1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(tc.body))
+			r.Header.Set("Authorization", "Bearer "+tc.key)
+			if tc.idem != "" {
+				r.Header.Set("Idempotency-Key", tc.idem)
+			}
+			c := &call{}
+			if _, _, aerr := h.gw.prepare(httptest.NewRecorder(), r, openai.ChatCompletions, c); aerr != nil {
+				t.Fatal(aerr)
+			}
+			fl, aerr := h.gw.flightFor(r, c)
+			switch {
+			case aerr != nil:
+				t.Fatal(aerr)
+			case tc.want == "" && fl != nil:
+				t.Fatalf("shares as %q, want alone", fl.key)
+			case tc.want != "" && (fl == nil || !strings.HasPrefix(fl.key, tc.want)):
+				t.Fatalf("flight %+v, want key %q...", fl, tc.want)
+			}
+		})
 	}
 }
