@@ -20,10 +20,34 @@ type Backend struct {
 	clk   clock.Clock
 	locks *lockmemory.Backend
 
-	mu      sync.Mutex // protects records, logs
+	mu      sync.Mutex // protects records, logs, finished, retained
 	records map[string]*record
 	logs    map[logID]*frameLog
+	// finished lists finished records in finish order, so the oldest go
+	// first when retained results exceed maxRetained bytes. Entries of
+	// records dropped meanwhile are skipped (and compacted away).
+	finished    []finishedRef
+	retained    int64 // frame bytes of finished records still kept
+	maxRetained int64
 }
+
+type finishedRef struct {
+	key string
+	r   *record
+}
+
+// DefaultMaxRetainedBytes bounds the results a Backend keeps after their
+// flights finished (idempotency-key answers may be kept for a day).
+const DefaultMaxRetainedBytes = 256 << 20
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithMaxRetainedBytes bounds the frame bytes of finished results kept for
+// late joiners; beyond it the oldest results are forgotten first (a late
+// joiner of a forgotten result runs the request again). Default
+// DefaultMaxRetainedBytes.
+func WithMaxRetainedBytes(n int64) Option { return func(b *Backend) { b.maxRetained = n } }
 
 var _ dedup.Backend = (*Backend)(nil)
 
@@ -34,6 +58,7 @@ type record struct {
 	state dedup.State // StateRunning or StateFinished
 	log   *frameLog
 	exp   expiry
+	size  int64 // frame bytes, counted in retained once finished
 }
 
 type logID struct {
@@ -56,11 +81,16 @@ type expiry struct {
 
 // New returns an empty backend on clk (nil means the real clock). The
 // clock drives result retention and the leases of its lock store.
-func New(clk clock.Clock) *Backend {
+func New(clk clock.Clock, opts ...Option) *Backend {
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	return &Backend{clk: clk, locks: lockmemory.New(clk), records: make(map[string]*record), logs: make(map[logID]*frameLog)}
+	b := &Backend{clk: clk, locks: lockmemory.New(clk), records: make(map[string]*record), logs: make(map[logID]*frameLog),
+		maxRetained: DefaultMaxRetainedBytes}
+	for _, o := range opts {
+		o(b)
+	}
+	return b
 }
 
 // Locks returns the lock store of this backend's leaders.
@@ -97,6 +127,10 @@ func (b *Backend) dropLocked(key string, r *record) {
 	}
 	if b.records[key] == r {
 		delete(b.records, key)
+	}
+	if r.state == dedup.StateFinished && r.size >= 0 {
+		b.retained -= r.size
+		r.size = -1 // counted out once
 	}
 	delete(b.logs, logID{key, r.gen})
 	if r.log.state == dedup.StateRunning {
@@ -171,6 +205,7 @@ func (b *Backend) Append(_ context.Context, key string, gen uint64, frame []byte
 		return err
 	}
 	r.log.frames = append(r.log.frames, frame)
+	r.size += int64(len(frame))
 	r.log.broadcastLocked()
 	b.expireLocked(key, r, keep)
 	return nil
@@ -200,7 +235,34 @@ func (b *Backend) Finish(_ context.Context, key string, gen uint64, retain time.
 	r.log.state = dedup.StateFinished
 	r.log.broadcastLocked()
 	b.expireLocked(key, r, retain)
+	b.retained += r.size
+	b.finished = append(b.finished, finishedRef{key, r})
+	b.evictLocked()
 	return nil
+}
+
+// evictLocked forgets the oldest finished results while the retained ones
+// exceed maxRetained; b.mu must be held.
+func (b *Backend) evictLocked() {
+	for b.retained > b.maxRetained && len(b.finished) > 0 {
+		f := b.finished[0]
+		b.finished[0] = finishedRef{}
+		b.finished = b.finished[1:]
+		if b.records[f.key] == f.r && f.r.state == dedup.StateFinished {
+			b.dropLocked(f.key, f.r)
+		}
+	}
+	// Entries of results that expired on their own pile up otherwise.
+	if len(b.finished) > 64 && len(b.finished) > 2*len(b.records) {
+		live := b.finished[:0]
+		for _, f := range b.finished {
+			if b.records[f.key] == f.r {
+				live = append(live, f)
+			}
+		}
+		clear(b.finished[len(live):])
+		b.finished = live
+	}
 }
 
 // Abort ends running generation gen without a result. Nothing lingers in

@@ -3,6 +3,7 @@ package memory_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -126,5 +127,45 @@ func TestReadWaitsForAppend(t *testing.T) {
 	cancel()
 	if _, err := b.Read(cctx, "k", 1, "1", 10, time.Minute); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Read with a cancelled context = %v", err)
+	}
+}
+
+// TestRetainedResultsBounded: finished results kept for late joiners are
+// bounded in bytes; the oldest go first.
+func TestRetainedResultsBounded(t *testing.T) {
+	b := memory.New(clock.NewFake(time.Unix(1e9, 0)), memory.WithMaxRetainedBytes(100))
+	ctx := t.Context()
+	finish := func(key string) {
+		t.Helper()
+		if _, err := b.Claim(ctx, key, "fp", 1, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Append(ctx, key, 1, make([]byte, 60), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Finish(ctx, key, 1, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func(key string) dedup.State {
+		f, err := b.Lookup(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f.State
+	}
+	finish("a")
+	if state("a") != dedup.StateFinished {
+		t.Fatal("a not retained")
+	}
+	finish("b") // 120 bytes > 100: a goes
+	if state("a") != dedup.StateNone || state("b") != dedup.StateFinished {
+		t.Fatalf("a %v, b %v; want a forgotten, b kept", state("a"), state("b"))
+	}
+	for i := range 200 { // the bookkeeping stays bounded too
+		finish(fmt.Sprint("k", i))
+	}
+	if state("k199") != dedup.StateFinished || state("k198") != dedup.StateNone {
+		t.Fatal("only the newest result fits")
 	}
 }
