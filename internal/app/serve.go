@@ -315,6 +315,7 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		Logger:         log,
 
 		RateLimitFailClosed: cfg.RateLimit.FailClosed,
+		ReservationHold:     cfg.RateLimit.ReservationHold,
 		Locker:              lock.New(lockBackend),
 		Dedup:               dedup.New(dedupStore, dedup.Options{LeaseTTL: cfg.Dedup.LeaseTTL, Retain: cfg.Dedup.Retain}),
 		DedupDeterministic:  cfg.Dedup.DeterministicOn(),

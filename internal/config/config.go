@@ -391,7 +391,15 @@ type RateLimitStore struct {
 	// FailClosed refuses requests while the store is down. Default false:
 	// admit them without a limit check (fail-open).
 	FailClosed bool `yaml:"fail_closed"`
+	// ReservationHold is how long an admitted request's reservation and
+	// concurrency permit live without renewal (running requests renew
+	// them): how long a crashed replica can pin capacity. Default
+	// DefaultReservationHold.
+	ReservationHold time.Duration `yaml:"reservation_hold"`
 }
+
+// DefaultReservationHold is the default of ratelimit.reservation_hold.
+const DefaultReservationHold = 2 * time.Minute
 
 // Sessions configures conversation ordering: requests carrying the same
 // session id are served one at a time, in arrival order, across replicas.
@@ -518,6 +526,7 @@ func (c *Config) SetDefaults(getenv func(string) string) {
 	setDuration(&u.IdleTimeout, DefaultIdleTimeout)
 	setDuration(&c.Budget.ReservationTTL, DefaultReservationTTL)
 	setString(&c.Sessions.Header, DefaultSessionHeader)
+	setDuration(&c.RateLimit.ReservationHold, DefaultReservationHold)
 	setDuration(&c.Dedup.LeaseTTL, DefaultDedupLeaseTTL)
 	setDuration(&c.Dedup.Retain, DefaultDedupRetain)
 	setDuration(&c.Dedup.IdempotencyTTL, DefaultIdempotencyTTL)

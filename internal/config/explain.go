@@ -55,7 +55,8 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string) {
 		strconv.FormatFloat(u.Timeout.Multiplier, 'g', -1, 64), durationString(u.Timeout.Floor), durationString(u.Timeout.Ceiling), durationString(u.IdleTimeout))
 	row("store down", "budgets %s, rate limits %s", map[bool]string{false: "fail closed (requests refused)", true: "fail open (no budget check)"}[c.Budget.FailOpen],
 		map[bool]string{false: "fail open (no limit check)", true: "fail closed (requests refused)"}[c.RateLimit.FailClosed])
-	row("reservations", "budget holds expire after %s if never settled", durationString(c.Budget.ReservationTTL))
+	row("reservations", "budget holds expire after %s if never settled; rate-limit reservations and permits after %s without renewal",
+		durationString(c.Budget.ReservationTTL), durationString(c.RateLimit.ReservationHold))
 	dd := "off for temperature 0"
 	if c.Dedup.DeterministicOn() {
 		dd = "temperature-0 requests"

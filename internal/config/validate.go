@@ -158,6 +158,9 @@ func (v *validator) top() {
 	default:
 		v.add("log.format", "%s is not a format; use text or json", quote(c.Log.Format))
 	}
+	if d := c.RateLimit.ReservationHold; d < 2*time.Second {
+		v.add("ratelimit.reservation_hold", "is %v; must be at least 2s (running requests renew it every half), e.g. 2m", d)
+	}
 	if ttl := c.Sessions.TTL; ttl < time.Second {
 		v.add("sessions.ttl", "is %v; must be at least 1s (the lease is renewed every third of it), e.g. 10s", ttl)
 	}

@@ -14,14 +14,6 @@ import (
 	"github.com/llmgate/llmgate/ratelimit"
 )
 
-// reservationHold is how long a rate-limit reservation (and its
-// concurrency permit) lives without news from this replica; long streams
-// extend it every holdRenewal, so a crashed replica frees its permits soon.
-const (
-	reservationHold = 2 * time.Minute
-	holdRenewal     = time.Minute
-)
-
 // accountingPeriod is the window usage is recorded in for tenants without a
 // budget.
 const accountingPeriod = budget.Month
@@ -121,7 +113,7 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 		if len(ch) == 0 {
 			return admitted{dep: dep}, nil
 		}
-		req := ratelimit.Request{Charges: ch, Priority: c.priority, Hold: reservationHold}
+		req := ratelimit.Request{Charges: ch, Priority: c.priority, Hold: g.opt.ReservationHold}
 		if len(cands) == 1 && c.maxWait > 0 {
 			return g.wait(ctx, c, dep, req)
 		}
@@ -141,7 +133,7 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 	if c.maxWait <= 0 {
 		return admitted{}, g.limited(c, best.decision, 0)
 	}
-	return g.wait(ctx, c, best.dep, ratelimit.Request{Charges: best.charges, Priority: c.priority, Hold: reservationHold})
+	return g.wait(ctx, c, best.dep, ratelimit.Request{Charges: best.charges, Priority: c.priority, Hold: g.opt.ReservationHold})
 }
 
 // wait queues c for dep until admitted or c.maxWait passes.

@@ -136,6 +136,12 @@ type Options struct {
 	// CacheLength also caches answers cut by finish_reason "length".
 	CacheLength bool
 
+	// ReservationHold is how long a rate-limit reservation (and its
+	// concurrency permit) lives without news from this replica; running
+	// requests renew it every half hold, so it bounds only how long a
+	// crashed replica pins capacity. Default DefaultReservationHold.
+	ReservationHold time.Duration
+
 	// RateLimitFailClosed refuses requests (503) when the rate-limit store
 	// cannot be reached; the default admits them unchecked.
 	RateLimitFailClosed bool
@@ -156,6 +162,7 @@ const (
 	DefaultRequestTimeout     = 10 * time.Minute
 	DefaultIdleTimeout        = 2 * time.Minute
 	DefaultCompletionEstimate = 256
+	DefaultReservationHold    = 2 * time.Minute
 )
 
 // anonymous is the tenant of open access (no tenants configured).
@@ -204,6 +211,9 @@ func New(opt Options) (*Gateway, error) {
 	}
 	if opt.CompletionEstimate <= 0 {
 		opt.CompletionEstimate = DefaultCompletionEstimate
+	}
+	if opt.ReservationHold <= 0 {
+		opt.ReservationHold = DefaultReservationHold
 	}
 	if opt.DedupRetain <= 0 {
 		opt.DedupRetain = DefaultDedupRetain

@@ -420,3 +420,43 @@ func TestRepeatedRequestIDStillCharged(t *testing.T) {
 		t.Fatalf("provider: %d calls, %d tokens; budget charged %d tokens", sim.Calls, sim.PromptTokens+sim.CompletionTokens, st.Spent.Tokens)
 	}
 }
+
+// TestLongRequestKeepsPermit: a request that runs longer than the
+// reservation hold renews its concurrency permit, so nobody else gets it
+// meanwhile.
+func TestLongRequestKeepsPermit(t *testing.T) {
+	const hold = 200 * time.Millisecond
+	h, up := gatedHarness(t, func(o *Options, h *harness) {
+		o.ReservationHold = hold
+		for i := range o.Deployments {
+			o.Deployments[i].Limits = Limits{Concurrency: 1}
+		}
+	})
+	first := make(chan int, 1)
+	go func() {
+		resp := h.post("/v1/chat/completions", tenantKey, chatBody)
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	waitFor(t, func() bool { return up.calls() == 1 })
+	time.Sleep(3 * hold) // the subject: the hold's time passing, not synchronisation
+	second := make(chan int, 1)
+	go func() {
+		resp := h.post("/v1/chat/completions", tenantKey, chatBody, "X-Llmgate-Max-Wait", "0")
+		resp.Body.Close()
+		second <- resp.StatusCode
+	}()
+	select {
+	case code := <-second:
+		if code != 429 {
+			t.Fatalf("second request: %d; the first still holds the only permit", code)
+		}
+	case <-time.After(5 * time.Second):
+		close(up.gate)
+		t.Fatal("the second request was admitted (it reached the held provider): the first request's permit expired under it")
+	}
+	close(up.gate)
+	if code := <-first; code != 200 {
+		t.Fatal(code)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
@@ -67,6 +68,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			}
 			bodies[adm.dep.Model] = body
 		}
+		stopKeep := g.keepReservation(adm)
 		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, provider.Request{
 			Path:   c.req.Endpoint.Path(),
 			Body:   body,
@@ -78,6 +80,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 		})
 		last := len(cands) == 1
 		if err != nil {
+			stopKeep()
 			g.refund(adm)
 			if ctx.Err() != nil {
 				g.cancelled(c, ctx).Write(w)
@@ -93,6 +96,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			retries429++
 			g.metrics.retries429.Inc()
 			drain(resp)
+			stopKeep()
 			g.refund(adm)
 			continue
 		}
@@ -100,18 +104,58 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			// Another target may answer; this one's answer is dropped.
 			g.metrics.fallbacks.WithLabelValues(adm.dep.Name).Inc()
 			drain(resp)
+			stopKeep()
 			g.refund(adm)
 			cands = drop(cands, adm.dep)
 			continue
 		}
 		settled = true
 		g.relay(ctx, w, c, adm, res, resp)
+		stopKeep()
 		return
 	}
 	if lastErr == nil {
 		lastErr = errf(http.StatusBadGateway, openai.TypeUpstream, "upstream_error", "", "No deployment could answer the request.")
 	}
 	lastErr.Write(w)
+}
+
+// keepReservation extends adm's rate-limit reservation every half hold
+// while its request runs (a long generation or stream), so that its
+// concurrency permit is not freed under it; a crashed replica's permits
+// still free themselves within one hold. The returned func stops it.
+func (g *Gateway) keepReservation(adm admitted) func() {
+	if adm.decision.ID == "" {
+		return func() {}
+	}
+	every := g.opt.ReservationHold / 2
+	var (
+		mu      sync.Mutex // protects t, stopped
+		t       *time.Timer
+		stopped bool
+	)
+	extend := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), feedbackTimeout)
+		err := g.opt.Limiter.Extend(ctx, adm.decision.ID, g.opt.ReservationHold)
+		cancel()
+		if err != nil {
+			g.log.Warn("could not extend a long request's rate-limit reservation", "deployment", adm.dep.Name, "err", err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(every)
+		}
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, extend)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // maxRetries429 bounds how often one request goes back to the queue after a
@@ -305,7 +349,6 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 	var (
 		usage    *openai.Usage
 		content  int64
-		renewAt  = time.Now().Add(holdRenewal)
 		er       = openai.NewEventReader(resp.Body)
 		clientOK = true
 		sawDone  bool
@@ -336,12 +379,6 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 		}
 		if err != nil {
 			break
-		}
-		if now := time.Now(); now.After(renewAt) && adm.decision.ID != "" {
-			renewAt = now.Add(holdRenewal)
-			ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_ = g.opt.Limiter.Extend(ectx, adm.decision.ID, reservationHold)
-			ecancel()
 		}
 	}
 	complete := sawDone || usage != nil
