@@ -25,6 +25,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/internal/testutil"
 )
 
 // Secrets the end-to-end tests hand to the gateway replicas. None of them
@@ -220,8 +221,8 @@ func (c gatewayConfig) yaml() string {
 type replica struct {
 	name   string
 	cmd    *exec.Cmd
-	stderr *syncBuffer
-	stdout *syncBuffer
+	stderr *testutil.Buffer
+	stdout *testutil.Buffer
 	url    string        // http://127.0.0.1:PORT, once ready
 	done   chan struct{} // closed when the process has exited
 }
@@ -239,7 +240,7 @@ func launchServe(t *testing.T, name string, env []string, args ...string) *repli
 	ctx, cancel := context.WithTimeout(context.Background(), replicaLifetime)
 	cmd := exec.CommandContext(ctx, llmgateBin, append([]string{"serve"}, args...)...)
 	cmd.Env = append(cleanEnv(), env...)
-	r := &replica{name: name, cmd: cmd, stderr: newSyncBuffer(), stdout: newSyncBuffer(), done: make(chan struct{})}
+	r := &replica{name: name, cmd: cmd, stderr: testutil.NewBuffer(), stdout: testutil.NewBuffer(), done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = r.stdout, r.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	setDeathSignal(cmd.SysProcAttr) // no replica outlives a test binary that crashed
@@ -311,10 +312,8 @@ func (r *replica) waitReady(t *testing.T) {
 	deadline := time.NewTimer(replicaStartup)
 	defer deadline.Stop()
 	for r.url == "" {
-		r.stderr.mu.Lock()
-		m := gatewayListeningRE.FindStringSubmatch(r.stderr.b.String())
-		changed := r.stderr.changed
-		r.stderr.mu.Unlock()
+		have, changed := r.stderr.Snapshot()
+		m := gatewayListeningRE.FindStringSubmatch(have)
 		if m != nil {
 			r.url = "http://" + m[1]
 			break

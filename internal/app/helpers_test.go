@@ -1,59 +1,13 @@
 package app
 
 import (
-	"bytes"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmgate/llmgate/internal/testutil"
 )
-
-// syncBuffer is an io.Writer safe for concurrent use that lets a test wait
-// for text to appear.
-type syncBuffer struct {
-	mu      sync.Mutex // protects b, changed
-	b       bytes.Buffer
-	changed chan struct{} // closed and replaced on every Write
-}
-
-func newSyncBuffer() *syncBuffer { return &syncBuffer{changed: make(chan struct{})} }
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n, err := s.b.Write(p)
-	close(s.changed)
-	s.changed = make(chan struct{})
-	return n, err
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// waitFor waits until s contains text, failing the test after timeout.
-func (s *syncBuffer) waitFor(t *testing.T, text string, timeout time.Duration) {
-	t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for {
-		s.mu.Lock()
-		has := strings.Contains(s.b.String(), text)
-		changed := s.changed
-		s.mu.Unlock()
-		if has {
-			return
-		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			t.Fatalf("timed out after %v waiting for %q; have %q", timeout, text, s.String())
-		}
-	}
-}
 
 // runTimeout bounds every in-process run.
 const runTimeout = 60 * time.Second
@@ -62,7 +16,7 @@ const runTimeout = 60 * time.Second
 // and output. env is what Getenv sees.
 func runApp(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	out, errOut := newSyncBuffer(), newSyncBuffer()
+	out, errOut := testutil.NewBuffer(), testutil.NewBuffer()
 	a := &App{
 		Stdin:   strings.NewReader(""),
 		Stdout:  out,

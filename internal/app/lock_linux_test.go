@@ -38,7 +38,7 @@ func TestLockLostKillsProcessGroup(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	script := `sleep 30 & echo $! > "$1"; echo ready; wait`
 	p := startLlmgate(t, nil, "lock", "--store", r.URL(), "--key", "group", "--ttl", "600ms", "--", "sh", "-c", script, "sh", pidFile)
-	p.stdout.waitFor(t, "ready\n", 30*time.Second)
+	p.stdout.WaitFor(t, "ready\n", 30*time.Second)
 	data, err := os.ReadFile(pidFile)
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func startInTerminal(t *testing.T, args ...string) (*proc, *os.File) {
 	cmd.Env = append(os.Environ(), "LLMGATE_STORE=")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	p := &proc{cmd: cmd, stdout: newSyncBuffer(), stderr: newSyncBuffer(), done: make(chan struct{}), started: time.Now()}
+	p := &proc{cmd: cmd, stdout: testutil.NewBuffer(), stderr: testutil.NewBuffer(), done: make(chan struct{}), started: time.Now()}
 	if err := cmd.Start(); err != nil {
 		cancel()
 		t.Fatal(err)
@@ -140,11 +140,11 @@ func TestLockInteractiveTerminal(t *testing.T) {
 	t.Run("read", func(t *testing.T) {
 		script := `printf 'name? '; read name; echo "hello $name"; exit 3`
 		p, master := startInTerminal(t, "lock", "--store", r.URL(), "--key", "tty", "--", "sh", "-c", script)
-		p.stdout.waitFor(t, "name? ", 30*time.Second)
+		p.stdout.WaitFor(t, "name? ", 30*time.Second)
 		if _, err := master.Write([]byte("bob\n")); err != nil {
 			t.Fatal(err)
 		}
-		p.stdout.waitFor(t, "hello bob", 30*time.Second)
+		p.stdout.WaitFor(t, "hello bob", 30*time.Second)
 		if code, _ := p.wait(t); code != 3 {
 			t.Fatalf("exit %d, want 3; terminal %q", code, p.stdout.String())
 		}
@@ -153,7 +153,7 @@ func TestLockInteractiveTerminal(t *testing.T) {
 	t.Run("ctrl-c", func(t *testing.T) {
 		script := `trap 'echo "got INT"; exit 4' INT; echo ready; ` + idle
 		p, master := startInTerminal(t, "lock", "--store", r.URL(), "--key", "tty", "--", "sh", "-c", script)
-		p.stdout.waitFor(t, "ready", 30*time.Second)
+		p.stdout.WaitFor(t, "ready", 30*time.Second)
 		if _, err := master.Write([]byte{3}); err != nil { // ^C: SIGINT to the foreground group
 			t.Fatal(err)
 		}

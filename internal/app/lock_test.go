@@ -245,7 +245,7 @@ func TestLockLost(t *testing.T) {
 	_, b := locker(t, r)
 	script := `trap 'echo got TERM; exit 1' TERM; echo ready; ` + idle
 	p := startLlmgate(t, nil, "lock", "--store", r.URL(), "--key", "lost", "--ttl", "600ms", "--", "sh", "-c", script)
-	p.stdout.waitFor(t, "ready\n", 30*time.Second)
+	p.stdout.WaitFor(t, "ready\n", 30*time.Second)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -286,7 +286,7 @@ func TestLockLostFoundAtRelease(t *testing.T) {
 	// --ttl 1m: the next renewal is 20s away.
 	p := startLlmgateIn(t, stdinR, nil, "lock", "--store", r.URL(), "--key", "late", "--ttl", "1m", "--", "sh", "-c", "echo ready; read line; exit 0")
 	stdinR.Close()
-	p.stdout.waitFor(t, "ready\n", 30*time.Second)
+	p.stdout.WaitFor(t, "ready\n", 30*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := r.Do(ctx, "DEL", b.Key("late")); err != nil {
@@ -311,7 +311,7 @@ func TestLockStoreDown(t *testing.T) {
 	r := testutil.StartRedis(t)
 	script := `trap 'echo got TERM; exit 1' TERM; echo ready; ` + idle
 	p := startLlmgate(t, nil, "lock", "--store", r.URL(), "--key", "down", "--ttl", "600ms", "--", "sh", "-c", script)
-	p.stdout.waitFor(t, "ready\n", 30*time.Second)
+	p.stdout.WaitFor(t, "ready\n", 30*time.Second)
 	r.Stop()
 	code, _ := p.wait(t)
 	if code != 75 {
@@ -332,7 +332,7 @@ func TestLockLostGrace(t *testing.T) {
 	_, b := locker(t, r)
 	script := `trap 'echo ignoring TERM' TERM; echo ready; ` + idle
 	p := startLlmgate(t, nil, "lock", "--store", r.URL(), "--key", "stubborn", "--ttl", "600ms", "--grace", "300ms", "--", "sh", "-c", script)
-	p.stdout.waitFor(t, "ready\n", 30*time.Second)
+	p.stdout.WaitFor(t, "ready\n", 30*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := r.Do(ctx, "DEL", b.Key("stubborn")); err != nil {
@@ -369,7 +369,7 @@ func TestLockForwardsSignals(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := startLlmgate(t, nil, "lock", "--store", r.URL(), "--key", "fwd", "--", "sh", "-c", tc.script)
-			p.stdout.waitFor(t, "ready\n", 30*time.Second)
+			p.stdout.WaitFor(t, "ready\n", 30*time.Second)
 			if err := p.cmd.Process.Signal(tc.sig); err != nil {
 				t.Fatal(err)
 			}
@@ -575,9 +575,9 @@ func TestLockConcurrentInProcess(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			a := &App{Stdin: strings.NewReader(""), Stdout: newSyncBuffer(), Stderr: newSyncBuffer(), Getenv: func(string) string { return "" }}
+			a := &App{Stdin: strings.NewReader(""), Stdout: testutil.NewBuffer(), Stderr: testutil.NewBuffer(), Getenv: func(string) string { return "" }}
 			if code := a.Run([]string{"lock", "--store", r.URL(), "--key", "inproc", "--wait", "30s", "--", "true"}); code != 0 {
-				errs <- fmt.Errorf("run %d: exit %d, stderr %q", i, code, a.Stderr.(*syncBuffer).String())
+				errs <- fmt.Errorf("run %d: exit %d, stderr %q", i, code, a.Stderr.(*testutil.Buffer).String())
 			}
 		}()
 	}

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/llmgate/llmgate/internal/testutil"
 )
 
 // llmgateBin is the llmgate binary built once for the tests that need a
@@ -51,7 +53,7 @@ func testMain(m *testing.M) int {
 // proc is a running llmgate process.
 type proc struct {
 	cmd            *exec.Cmd
-	stdout, stderr *syncBuffer
+	stdout, stderr *testutil.Buffer
 	started        time.Time
 	done           chan struct{} // closed when the process has exited
 	code           int           // exit code, valid after done
@@ -74,7 +76,7 @@ func startLlmgateIn(t *testing.T, stdin io.Reader, env []string, args ...string)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	cmd := exec.CommandContext(ctx, llmgateBin, args...)
 	cmd.Env = append(append(os.Environ(), "LLMGATE_STORE="), env...)
-	p := &proc{cmd: cmd, stdout: newSyncBuffer(), stderr: newSyncBuffer(), done: make(chan struct{})}
+	p := &proc{cmd: cmd, stdout: testutil.NewBuffer(), stderr: testutil.NewBuffer(), done: make(chan struct{})}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, p.stdout, p.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.WaitDelay = 5 * time.Second

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgate/llmgate/internal/testutil"
 )
 
 func TestMockHelp(t *testing.T) {
@@ -51,7 +53,7 @@ func TestMockBadArguments(t *testing.T) {
 var listeningRE = regexp.MustCompile(`listening on (http://[0-9.:]+) `)
 
 func TestMockServesUntilCancelled(t *testing.T) {
-	errOut := newSyncBuffer()
+	errOut := testutil.NewBuffer()
 	a := &App{Stdout: io.Discard, Stderr: errOut, Getenv: func(k string) string {
 		return map[string]string{"MOCK_KEYS": "sk-one, sk-two"}[k]
 	}}
@@ -61,7 +63,7 @@ func TestMockServesUntilCancelled(t *testing.T) {
 	go func() {
 		done <- a.runMock(ctx, []string{"--listen", "127.0.0.1:0", "--rpm", "1", "--api-keys-env", "MOCK_KEYS", "--models", "m1"})
 	}()
-	errOut.waitFor(t, "listening on", 10*time.Second)
+	errOut.WaitFor(t, "listening on", 10*time.Second)
 	m := listeningRE.FindStringSubmatch(errOut.String())
 	if m == nil {
 		t.Fatalf("no address in %q", errOut.String())

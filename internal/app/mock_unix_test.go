@@ -16,7 +16,7 @@ import (
 // process exits 0.
 func TestMockSIGTERMLetsStreamsFinish(t *testing.T) {
 	p := startLlmgate(t, nil, "mock", "--listen", "127.0.0.1:0", "--token-delay", "10ms")
-	p.stderr.waitFor(t, "listening on", testTimeout)
+	p.stderr.WaitFor(t, "listening on", testTimeout)
 	m := listeningRE.FindStringSubmatch(p.stderr.String())
 	if m == nil {
 		t.Fatalf("no address in %q", p.stderr.String())
@@ -34,7 +34,7 @@ func TestMockSIGTERMLetsStreamsFinish(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	p.stderr.waitFor(t, "shutting down", testTimeout)
+	p.stderr.WaitFor(t, "shutting down", testTimeout)
 	rest, err := io.ReadAll(br)
 	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
 		t.Fatalf("stream after SIGTERM: %v, %q", err, rest)

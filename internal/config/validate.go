@@ -233,18 +233,9 @@ func (v *validator) providers() {
 	for i := range c.Providers {
 		p := &c.Providers[i]
 		at := fmt.Sprintf("providers[%d]", i)
-		switch {
-		case p.Name == "":
-			v.add(at+".name", "required: a short name such as openai, used in targets (openai/gpt-4o), limits and metrics")
-		case len(p.Name) > MaxNameLen || !reProviderName.MatchString(p.Name):
-			v.add(at+".name", "%s: use 1 to %d lowercase letters, digits, '.', '_' or '-', starting with a letter or digit", quote(p.Name), MaxNameLen)
-		default:
-			if j, dup := byName[p.Name]; dup {
-				v.add(at+".name", "%s is already the name of providers[%d]; names must be unique", quote(p.Name), j)
-			} else {
-				byName[p.Name] = i
-			}
-		}
+		v.name(at, "providers", i, p.Name, reProviderName, byName,
+			"a short name such as openai, used in targets (openai/gpt-4o), limits and metrics",
+			"lowercase letters, digits, '.', '_' or '-', starting with a letter or digit")
 		switch p.Type {
 		case TypeOpenAI:
 			v.baseURL(at+".base_url", p.BaseURL)
@@ -440,18 +431,9 @@ func (v *validator) tenants() {
 	for i := range c.Tenants {
 		t := &c.Tenants[i]
 		at := fmt.Sprintf("tenants[%d]", i)
-		switch {
-		case t.Name == "":
-			v.add(at+".name", "required: the tenant's name in limits, budgets, logs and metrics")
-		case len(t.Name) > MaxNameLen || !reTenantName.MatchString(t.Name):
-			v.add(at+".name", "%s: use 1 to %d letters, digits, '.', '_', '@' or '-', starting with a letter or digit", quote(t.Name), MaxNameLen)
-		default:
-			if j, dup := byName[t.Name]; dup {
-				v.add(at+".name", "%s is already the name of tenants[%d]; names must be unique", quote(t.Name), j)
-			} else {
-				byName[t.Name] = i
-			}
-		}
+		v.name(at, "tenants", i, t.Name, reTenantName, byName,
+			"the tenant's name in limits, budgets, logs and metrics",
+			"letters, digits, '.', '_', '@' or '-', starting with a letter or digit")
 
 		switch {
 		case t.APIKeyEnv == "" && t.APIKeySHA256 == "":
@@ -762,4 +744,22 @@ func cleanSecret(s string) bool {
 		}
 	}
 	return true
+}
+
+// name checks the required, unique name of list[i] (at): what says what the
+// name is for, allowed which characters re accepts; seen maps names to the
+// index that took them.
+func (v *validator) name(at, list string, i int, name string, re *regexp.Regexp, seen map[string]int, what, allowed string) {
+	switch {
+	case name == "":
+		v.add(at+".name", "required: %s", what)
+	case len(name) > MaxNameLen || !re.MatchString(name):
+		v.add(at+".name", "%s: use 1 to %d %s", quote(name), MaxNameLen, allowed)
+	default:
+		if j, dup := seen[name]; dup {
+			v.add(at+".name", "%s is already the name of %s[%d]; names must be unique", quote(name), list, j)
+		} else {
+			seen[name] = i
+		}
+	}
 }

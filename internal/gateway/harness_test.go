@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/internal/testutil"
 	"github.com/llmgate/llmgate/ratelimit"
 	rlmemory "github.com/llmgate/llmgate/ratelimit/memory"
 )
@@ -41,24 +40,6 @@ func sha(s string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // harness is a gateway on the memory stores in front of a simulated
 // provider, both on loopback HTTP servers.
 type harness struct {
@@ -67,7 +48,7 @@ type harness struct {
 	simURL  string
 	gw      *Gateway
 	url     string
-	logs    *syncBuffer
+	logs    *testutil.Buffer
 	up      *provider.Client
 	teamA   *Tenant
 	batch   *Tenant
@@ -85,7 +66,7 @@ var simModels = []string{"gpt-4.1", "gpt-4.1-mini", "text-embedding-3-small"}
 
 func newHarness(t *testing.T, hc harnessConfig) *harness {
 	t.Helper()
-	h := &harness{t: t, logs: &syncBuffer{}}
+	h := &harness{t: t, logs: testutil.NewBuffer()}
 	if hc.sim.APIKeys == nil {
 		hc.sim.APIKeys = []string{providerKey}
 	}

@@ -1,7 +1,6 @@
 package provider
 
 import (
-	"bytes"
 	"io"
 	"net"
 	"net/http"
@@ -204,24 +203,6 @@ func refusedURL(t testing.TB) string {
 	addr := l.Addr().String()
 	_ = l.Close()
 	return "http://" + addr + "/v1"
-}
-
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // feedbacks collects what Config.Feedback was told.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgate/llmgate/internal/testutil"
 )
 
 // echoTransport fails with an error that quotes the request's
@@ -22,8 +24,8 @@ func (echoTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // TestKeyNeverShown drives every error path with debug logging on and
 // checks that the key appears in no error and no log line.
 func TestKeyNeverShown(t *testing.T) {
-	var logs syncBuffer
-	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	logs := testutil.NewBuffer()
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var shown []string
 	show := func(err error) {
 		if err == nil {
