@@ -211,43 +211,12 @@ func parseEmbeddingRequest(body []byte) (*embeddingRequest, *reqError) {
 		return nil, badRequest("model", "you must provide a model parameter")
 	}
 	in := bytes.TrimSpace(r.Input)
-	var (
-		one   string
-		many  []string
-		toks  []int64
-		toksN [][]int64
-	)
-	switch {
-	case len(in) == 0 || bytes.Equal(in, []byte("null")):
-		return nil, badRequest("input", "'input' is a required property")
-	case json.Unmarshal(in, &one) == nil:
-		if one == "" {
-			return nil, badRequest("input", "'$.input' is invalid: an input must not be empty.")
-		}
-		r.inputs = []string{one}
-	case json.Unmarshal(in, &many) == nil:
-		for i, s := range many {
-			if s == "" {
-				return nil, badRequest("input", "'$.input[%d]' is invalid: an input must not be empty.", i)
-			}
-		}
-		r.inputs = many
-	case json.Unmarshal(in, &toks) == nil:
-		r.inputs = []string{string(in)}
-	case json.Unmarshal(in, &toksN) == nil:
-		for _, t := range toksN {
-			b, _ := json.Marshal(t)
-			r.inputs = append(r.inputs, string(b))
-		}
-	default:
-		return nil, badRequest("input", "'$.input' is invalid: expected a string, an array of strings, or an array of token arrays.")
+	inputs, e := textInputs(in, "input", "an input", maxEmbeddingInputs, "inputs",
+		"a string, an array of strings, or an array of token arrays", true)
+	if e != nil {
+		return nil, e
 	}
-	if len(r.inputs) == 0 {
-		return nil, badRequest("input", "'$.input' is invalid: the array is empty.")
-	}
-	if len(r.inputs) > maxEmbeddingInputs {
-		return nil, badRequest("input", "'$.input' is invalid: at most %d inputs per request, got %d.", maxEmbeddingInputs, len(r.inputs))
-	}
+	r.inputs = inputs
 	if r.Dimensions != nil && (*r.Dimensions < 1 || *r.Dimensions > MaxEmbeddingDimensions) {
 		return nil, badRequest("dimensions", "Invalid 'dimensions': expected a value between 1 and %d, but got %d instead.", MaxEmbeddingDimensions, *r.Dimensions)
 	}
@@ -306,35 +275,12 @@ func parseCompletionRequest(body []byte) (*completionRequest, *reqError) {
 		return nil, badRequest("model", "you must provide a model parameter")
 	}
 	in := bytes.TrimSpace(r.Prompt)
-	var (
-		one   string
-		many  []string
-		toks  []int64
-		toksN [][]int64
-	)
-	switch {
-	case len(in) == 0 || bytes.Equal(in, []byte("null")):
-		return nil, badRequest("prompt", "'prompt' is a required property")
-	case json.Unmarshal(in, &one) == nil:
-		r.prompts = []string{one}
-	case json.Unmarshal(in, &many) == nil:
-		r.prompts = many
-	case json.Unmarshal(in, &toks) == nil:
-		r.prompts = []string{string(in)}
-	case json.Unmarshal(in, &toksN) == nil:
-		for _, t := range toksN {
-			b, _ := json.Marshal(t)
-			r.prompts = append(r.prompts, string(b))
-		}
-	default:
-		return nil, badRequest("prompt", "'$.prompt' is invalid: expected a string, an array of strings, an array of tokens, or an array of token arrays.")
+	prompts, e := textInputs(in, "prompt", "a prompt", maxPrompts, "prompts",
+		"a string, an array of strings, an array of tokens, or an array of token arrays", false)
+	if e != nil {
+		return nil, e
 	}
-	if len(r.prompts) == 0 {
-		return nil, badRequest("prompt", "'$.prompt' is invalid: the array is empty.")
-	}
-	if len(r.prompts) > maxPrompts {
-		return nil, badRequest("prompt", "'$.prompt' is invalid: at most %d prompts per request, got %d.", maxPrompts, len(r.prompts))
-	}
+	r.prompts = prompts
 	if r.MaxTokens != nil && *r.MaxTokens < 1 {
 		return nil, badRequest("max_tokens", "Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, but got %d instead.", *r.MaxTokens)
 	}
@@ -346,4 +292,51 @@ func parseCompletionRequest(body []byte) (*completionRequest, *reqError) {
 	}
 	r.tokens = int64(tokens.Input(r.Model, in))
 	return &r, nil
+}
+
+// textInputs reads an embeddings "input" or a completions "prompt" (in,
+// trimmed): a string, an array of strings, an array of token ids or an
+// array of token-id arrays. Each input comes back as text, token arrays as
+// their JSON. param names the field in errors; nonEmpty refuses empty
+// strings (OpenAI does for embeddings, not for prompts).
+func textInputs(in []byte, param, one string, most int, plural, shapes string, nonEmpty bool) ([]string, *reqError) {
+	var (
+		str   string
+		many  []string
+		toks  []int64
+		toksN [][]int64
+		out   []string
+	)
+	switch {
+	case len(in) == 0 || bytes.Equal(in, []byte("null")):
+		return nil, badRequest(param, "'%s' is a required property", param)
+	case json.Unmarshal(in, &str) == nil:
+		if nonEmpty && str == "" {
+			return nil, badRequest(param, "'$.%s' is invalid: %s must not be empty.", param, one)
+		}
+		out = []string{str}
+	case json.Unmarshal(in, &many) == nil:
+		for i, s := range many {
+			if nonEmpty && s == "" {
+				return nil, badRequest(param, "'$.%s[%d]' is invalid: %s must not be empty.", param, i, one)
+			}
+		}
+		out = many
+	case json.Unmarshal(in, &toks) == nil:
+		out = []string{string(in)}
+	case json.Unmarshal(in, &toksN) == nil:
+		for _, t := range toksN {
+			b, _ := json.Marshal(t)
+			out = append(out, string(b))
+		}
+	default:
+		return nil, badRequest(param, "'$.%s' is invalid: expected %s.", param, shapes)
+	}
+	if len(out) == 0 {
+		return nil, badRequest(param, "'$.%s' is invalid: the array is empty.", param)
+	}
+	if len(out) > most {
+		return nil, badRequest(param, "'$.%s' is invalid: at most %d %s per request, got %d.", param, most, plural, len(out))
+	}
+	return out, nil
 }
