@@ -146,9 +146,38 @@ func lastUsage(body []byte) *Usage {
 	if !isObject(v) {
 		return nil
 	}
+	end := objectEnd(v)
+	if end < 0 {
+		return nil
+	}
 	var u Usage
-	if err := json.NewDecoder(bytes.NewReader(v)).Decode(&u); err != nil || !u.valid() {
+	if err := json.Unmarshal(v[:end], &u); err != nil || !u.valid() {
 		return nil
 	}
 	return &u
+}
+
+// objectEnd returns the length of the JSON object v starts with, or -1 when
+// it does not end. Strings are skipped whole, so braces inside them do not
+// count; validity is left to the decoder.
+func objectEnd(v []byte) int {
+	depth := 0
+	for i := 0; i < len(v); i++ {
+		switch v[i] {
+		case '"':
+			for i++; i < len(v) && v[i] != '"'; i++ {
+				if v[i] == '\\' {
+					i++
+				}
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
 }

@@ -305,3 +305,21 @@ func FuzzParseChunk(f *testing.F) {
 		}
 	})
 }
+
+func TestObjectEnd(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{`{}`, 2},
+		{`{"a":1} tail`, 7},
+		{`{"a":{"b":[1,{"c":2}]}},`, 23},
+		{`{"a":"}{\"}"}x`, 13},
+		{`{"a":1`, -1},
+		{`{"a":"\\"}x`, 10},
+	} {
+		if got := objectEnd([]byte(tc.in)); got != tc.want {
+			t.Errorf("objectEnd(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
