@@ -460,3 +460,18 @@ func TestLongRequestKeepsPermit(t *testing.T) {
 		t.Fatal(code)
 	}
 }
+
+func TestDropNullUsage(t *testing.T) {
+	var scratch []byte
+	for _, tc := range []struct{ in, want string }{
+		{"data: {\"a\":1,\"usage\":null}\n\n", "data: {\"a\":1}\n\n"},
+		{"data: {\"a\":1,\"usage\":null}\r\n\r\n", "data: {\"a\":1}\r\n\r\n"},
+		{"data: {\"a\":1}\n\n", "data: {\"a\":1}\n\n"},
+		{"data: {\"a\":{\"b\":1,\"usage\":null},\"c\":2}\n\n", "data: {\"a\":{\"b\":1,\"usage\":null},\"c\":2}\n\n"}, // not the chunk's own member
+		{"data: [DONE]\n\n", "data: [DONE]\n\n"},
+	} {
+		if got := string(dropNullUsage([]byte(tc.in), &scratch)); got != tc.want {
+			t.Errorf("dropNullUsage(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

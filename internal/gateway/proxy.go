@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -352,6 +353,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 		er       = openai.NewEventReader(resp.Body)
 		clientOK = true
 		sawDone  bool
+		scratch  []byte // reused by dropNullUsage
 	)
 	for {
 		raw, data, err := er.Next()
@@ -367,8 +369,13 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 			if ch.Content {
 				content++
 			}
-			if ch.UsageOnly && !c.req.IncludeUsage {
-				raw = nil // the client did not ask for the usage chunk
+			if !c.req.IncludeUsage {
+				if ch.UsageOnly {
+					raw = nil // the client did not ask for the usage chunk
+				} else {
+					// Nor for the "usage":null every chunk then carries.
+					raw = dropNullUsage(raw, &scratch)
+				}
 			}
 		}
 		if len(raw) > 0 && clientOK && err == nil {
@@ -404,6 +411,26 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 		usage = &openai.Usage{PromptTokens: c.promptEstimate, CompletionTokens: content}
 	}
 	g.finish(c, adm, res, usage, true)
+}
+
+// nullUsage is the member a provider adds to every chunk of a stream asked
+// for with include_usage, as OpenAI writes it.
+var nullUsage = []byte(`,"usage":null}`)
+
+// dropNullUsage removes a chunk's trailing "usage":null member, so that a
+// client that did not ask for usage gets the chunks it would get without
+// the gateway. Events in any other form are left as they are. The result
+// may live in *scratch, valid until the next call.
+func dropNullUsage(raw []byte, scratch *[]byte) []byte {
+	i := bytes.LastIndex(raw, nullUsage)
+	if i < 0 || len(bytes.TrimRight(raw[i+len(nullUsage):], "\r\n")) != 0 {
+		return raw
+	}
+	out := append((*scratch)[:0], raw[:i]...)
+	out = append(out, '}')
+	out = append(out, raw[i+len(nullUsage):]...)
+	*scratch = out
+	return out
 }
 
 var errIdle = errors.New("gateway: upstream stream idle for too long")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -52,6 +53,28 @@ func TestOfficialSDK(t *testing.T) {
 		}
 		if acc.Usage.PromptTokens != direct.Usage.PromptTokens || acc.Usage.CompletionTokens != direct.Usage.CompletionTokens {
 			t.Fatalf("stream usage %+v, JSON usage %+v", acc.Usage, direct.Usage)
+		}
+	})
+
+	t.Run("stream without usage is what the provider sends without it", func(t *testing.T) {
+		body := `{"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"What is a token bucket?"}]}`
+		resp := h.post("/v1/chat/completions", tenantKey, body)
+		via, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		req, _ := http.NewRequest("POST", h.simURL+"/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+providerKey)
+		dresp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		direct, _ := io.ReadAll(dresp.Body)
+		dresp.Body.Close()
+		// Chunk ids and timestamps differ per call; compare the rest.
+		norm := func(b []byte) string {
+			return regexp.MustCompile(`"id":"[^"]*","object":"chat.completion.chunk","created":\d+`).ReplaceAllString(string(b), "")
+		}
+		if norm(via) != norm(direct) {
+			t.Fatalf("through the gateway:\n%s\ndirect:\n%s", via, direct)
 		}
 	})
 
