@@ -150,7 +150,7 @@ type Options struct {
 	AdminTokenSHA256 string
 
 	Logger *slog.Logger
-	// Registerer receives the gateway's Prometheus metrics; nil means a new
+	// Registry receives the gateway's Prometheus metrics; nil means a new
 	// registry, served on /metrics.
 	Registry *prometheus.Registry
 }
