@@ -447,13 +447,12 @@ func (s *suite) testRetainedReplay(t *testing.T) {
 	if err := l.Finish(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for i, p := range ps {
+	for _, p := range ps {
 		for range 2 {
 			f := mustFollow(t, ctx, p.g, key, "fp")
 			expectFrames(t, ctx, f, frame(0), frame(1), frame(2))
 			f.Close()
 		}
-		_ = i
 	}
 }
 

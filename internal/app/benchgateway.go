@@ -96,7 +96,7 @@ func (a *App) benchGatewayFactory(ctx context.Context, store, upstreamBaseURL st
 		return nil, nil, err
 	}
 	b := &App{Stdin: a.Stdin, Stdout: a.Stdout, Stderr: a.Stderr, Getenv: getenv, Environ: func() []string { return nil }}
-	s, err := b.startServer(ctx, cfg, newLogger(a.Stderr, cfg.Log))
+	s, err := b.startServer(cfg, newLogger(a.Stderr, cfg.Log))
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, err

@@ -142,7 +142,7 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 		log.Warn(w)
 	}
 
-	s, err := a.startServer(ctx, cfg, log)
+	s, err := a.startServer(cfg, log)
 	if err != nil {
 		fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
 		return exitFailure
@@ -206,7 +206,7 @@ func (s *server) close() {
 
 // startServer builds the stores, the simulated providers and the gateway
 // from cfg.
-func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Logger) (_ *server, err error) {
+func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err error) {
 	s := &server{}
 	defer func() {
 		if err != nil {
@@ -382,7 +382,6 @@ func (a *App) startServer(ctx context.Context, cfg *config.Config, log *slog.Log
 		return nil, err
 	}
 	s.gw = gw
-	_ = ctx
 	return s, nil
 }
 

@@ -48,10 +48,7 @@ func (g *Gateway) serveAdminUsage(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []tenantUsage{}
 	for _, t := range tenants {
-		b := budget.Budget{Tenant: t.Name, Period: accountingPeriod}
-		if t.Budget != nil {
-			b = *t.Budget
-		}
+		b := t.accountingBudget()
 		id := window
 		if id == "" {
 			win, err := b.Window(time.Now())

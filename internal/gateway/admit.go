@@ -23,18 +23,15 @@ const accountingPeriod = budget.Month
 // (nothing is held, so no store call is needed).
 func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservation, *apiError) {
 	est := budget.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.completionEstimate}
-	b := c.tenant.Budget
-	if b == nil || (b.Tokens == 0 && b.MicroUSD == 0) {
-		if b == nil {
-			b = &budget.Budget{Tenant: c.tenant.Name, Period: accountingPeriod}
-		}
+	b := c.tenant.accountingBudget()
+	if b.Tokens == 0 && b.MicroUSD == 0 {
 		win, err := b.Window(time.Now())
 		if err != nil {
 			return budget.Reservation{}, internalError(g, c, "budget window", err)
 		}
 		return budget.Reservation{ID: c.usageID(), Tenant: c.tenant.Name, Window: win, Model: c.priceModel(), Estimate: est}, nil
 	}
-	res, err := g.opt.Budgets.Reserve(ctx, *b, c.usageID(), c.priceModel(), est)
+	res, err := g.opt.Budgets.Reserve(ctx, b, c.usageID(), c.priceModel(), est)
 	if err == nil {
 		return res, nil
 	}
@@ -108,7 +105,7 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 		best     admitted
 		bestWait = time.Duration(-1)
 	)
-	for i, dep := range cands {
+	for _, dep := range cands {
 		ch := g.chargesFor(c, dep)
 		if len(ch) == 0 {
 			return admitted{dep: dep}, nil
@@ -128,7 +125,6 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 		if bestWait < 0 || d.RetryAfter < bestWait {
 			best, bestWait = admitted{dep: dep, decision: d, charges: ch}, d.RetryAfter
 		}
-		_ = i
 	}
 	if c.maxWait <= 0 {
 		return admitted{}, g.limited(c, best.decision, 0)

@@ -107,7 +107,7 @@ func (g *Gateway) fillCache(c *call, cf *cacheFill, rec *recording) {
 	if !respcache.Cacheable(e, g.opt.CacheLength) {
 		return
 	}
-	g.background(func(ctx context.Context) {
+	g.background(settleTimeout, func(ctx context.Context) {
 		if err := g.opt.Cache.Put(ctx, cf.key, e, cf.ttl); err != nil {
 			g.log.Warn("cache store failed", "request_id", c.id, "err", err)
 		}

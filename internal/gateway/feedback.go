@@ -55,7 +55,7 @@ func (g *Gateway) observe(d *deployment, l ratelimit.Limit, remaining int64) {
 	if !d.observing.CompareAndSwap(false, true) {
 		return // one report in flight per deployment is enough
 	}
-	g.background(func(ctx context.Context) {
+	g.background(feedbackTimeout, func(ctx context.Context) {
 		defer d.observing.Store(false)
 		if err := g.opt.Limiter.Observe(ctx, d.scope, l, remaining); err != nil {
 			g.log.Warn("could not share a provider's remaining quota", "deployment", d.Name, "err", err)
@@ -63,12 +63,13 @@ func (g *Gateway) observe(d *deployment, l ratelimit.Limit, remaining int64) {
 	})
 }
 
-// background runs f after the request, tracked by Close.
-func (g *Gateway) background(f func(ctx context.Context)) {
+// background runs f in its own goroutine with a context bounded by
+// timeout, tracked by Close.
+func (g *Gateway) background(timeout time.Duration, f func(ctx context.Context)) {
 	g.pending.Add(1)
 	go func() {
 		defer g.pending.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), feedbackTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		f(ctx)
 	}()

@@ -67,6 +67,16 @@ type Tenant struct {
 	Dedup bool
 }
 
+// accountingBudget is the budget t's usage is recorded under: its own, or
+// for a tenant without one an uncapped monthly one (usage is still
+// accounted).
+func (t *Tenant) accountingBudget() budget.Budget {
+	if t.Budget != nil {
+		return *t.Budget
+	}
+	return budget.Budget{Tenant: t.Name, Period: accountingPeriod}
+}
+
 // Model is an entry of GET /v1/models.
 type Model struct {
 	ID      string
@@ -195,42 +205,24 @@ func New(opt Options) (*Gateway, error) {
 	case opt.Route == nil:
 		return nil, errors.New("gateway: Options.Route is required")
 	}
-	if opt.MaxBodyBytes <= 0 {
-		opt.MaxBodyBytes = DefaultMaxBodyBytes
-	}
+	positive(&opt.MaxBodyBytes, DefaultMaxBodyBytes)
+	positive(&opt.RequestTimeout, DefaultRequestTimeout)
+	positive(&opt.IdleTimeout, DefaultIdleTimeout)
+	positive(&opt.CompletionEstimate, DefaultCompletionEstimate)
+	positive(&opt.ReservationHold, DefaultReservationHold)
+	positive(&opt.DedupRetain, DefaultDedupRetain)
+	positive(&opt.IdempotencyTTL, DefaultIdempotencyTTL)
+	positive(&opt.CacheMaxTTL, DefaultCacheMaxTTL)
+	positive(&opt.SessionTTL, DefaultSessionTTL)
 	if opt.MaxWait < 0 {
 		opt.MaxWait = 0
 	} else if opt.MaxWait == 0 {
 		opt.MaxWait = DefaultMaxWait
 	}
-	if opt.RequestTimeout <= 0 {
-		opt.RequestTimeout = DefaultRequestTimeout
-	}
-	if opt.IdleTimeout <= 0 {
-		opt.IdleTimeout = DefaultIdleTimeout
-	}
-	if opt.CompletionEstimate <= 0 {
-		opt.CompletionEstimate = DefaultCompletionEstimate
-	}
-	if opt.ReservationHold <= 0 {
-		opt.ReservationHold = DefaultReservationHold
-	}
-	if opt.DedupRetain <= 0 {
-		opt.DedupRetain = DefaultDedupRetain
-	}
-	if opt.IdempotencyTTL <= 0 {
-		opt.IdempotencyTTL = DefaultIdempotencyTTL
-	}
-	if opt.CacheMaxTTL <= 0 {
-		opt.CacheMaxTTL = DefaultCacheMaxTTL
-	}
 	if opt.SessionHeader == "" {
 		opt.SessionHeader = DefaultSessionHeader
 	}
 	opt.SessionHeader = http.CanonicalHeaderKey(opt.SessionHeader)
-	if opt.SessionTTL <= 0 {
-		opt.SessionTTL = DefaultSessionTTL
-	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -271,6 +263,13 @@ func New(opt Options) (*Gateway, error) {
 	}
 	g.routes()
 	return g, nil
+}
+
+// positive sets *p to def unless it is above zero.
+func positive[T int64 | time.Duration](p *T, def T) {
+	if *p <= 0 {
+		*p = def
+	}
 }
 
 // Handler returns the gateway's HTTP handler.

@@ -3,7 +3,6 @@ package gateway
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -356,7 +355,6 @@ func TestAdminUsage(t *testing.T) {
 		row.PromptTokens != st.PromptTokens || row.CompletionTokens != st.CompletionTokens || row.MicroUSD <= 0 {
 		t.Fatalf("row %+v, provider %+v", row, st)
 	}
-	_ = fmt.Sprint()
 }
 
 // TestKeysBalancedByHeadroom: two keys of one provider share a model's

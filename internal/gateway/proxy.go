@@ -47,7 +47,8 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			"Every deployment serving '%s' is failing right now (circuit breaker open). Retry shortly.", c.req.Model).Write(w)
 		return
 	}
-	bodies := make(map[string][]byte, 1) // upstream body per upstream model
+	var body []byte // the upstream body, for the upstream model bodyModel
+	bodyModel := ""
 	var lastErr *apiError
 	retries429 := 0
 	for len(cands) > 0 {
@@ -58,8 +59,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			aerr.Write(w)
 			return
 		}
-		body, ok := bodies[adm.dep.Model]
-		if !ok {
+		if body == nil || bodyModel != adm.dep.Model {
 			var err error
 			if body, err = g.upstreamBody(c, adm.dep.Model); err != nil {
 				g.refund(adm)
@@ -67,7 +67,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 				c.outcome = "bad_request"
 				return
 			}
-			bodies[adm.dep.Model] = body
+			bodyModel = adm.dep.Model
 		}
 		stopKeep := g.keepReservation(adm)
 		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, provider.Request{

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/llmgate/llmgate/clock"
 	"github.com/llmgate/llmgate/lock"
@@ -151,5 +150,4 @@ func TestSessionWaiterLeaves(t *testing.T) {
 	if n := len(up.seen); n != 1 {
 		t.Fatalf("%d requests reached the provider; the one that left must not", n)
 	}
-	_ = time.Second
 }

@@ -21,11 +21,7 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 		g.metrics.tokens.WithLabelValues(c.tenant.Name, model, adm.dep.Name, "prompt").Add(float64(usage.PromptTokens))
 		g.metrics.tokens.WithLabelValues(c.tenant.Name, model, adm.dep.Name, "completion").Add(float64(usage.CompletionTokens))
 	}
-	g.pending.Add(1)
-	go func() {
-		defer g.pending.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-		defer cancel()
+	g.background(settleTimeout, func(ctx context.Context) {
 		g.settleLimits(ctx, c, adm, usage)
 		if usage == nil {
 			if res.Hold != (budget.Amount{}) {
@@ -51,7 +47,7 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 			return
 		}
 		g.metrics.cost.WithLabelValues(c.tenant.Name, model).Add(float64(s.Record.MicroUSD) / 1e6)
-	}()
+	})
 }
 
 // settleBudget charges rec, retrying store failures within ctx: a settle is
@@ -102,27 +98,19 @@ func (g *Gateway) refund(adm admitted) {
 	if adm.decision.ID == "" {
 		return
 	}
-	g.pending.Add(1)
-	go func() {
-		defer g.pending.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-		defer cancel()
+	g.background(settleTimeout, func(ctx context.Context) {
 		if err := g.opt.Limiter.Refund(ctx, adm.decision.ID); err != nil {
 			g.log.Warn("rate-limit refund failed; the reservation expires by itself", "err", err)
 		}
-	}()
+	})
 }
 
 func (g *Gateway) releaseBudget(res budget.Reservation) {
-	g.pending.Add(1)
-	go func() {
-		defer g.pending.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-		defer cancel()
+	g.background(settleTimeout, func(ctx context.Context) {
 		if err := g.opt.Budgets.Release(ctx, res); err != nil {
 			g.log.Warn("budget release failed; the hold expires by itself", "err", err)
 		}
-	}()
+	})
 }
 
 // Close waits until every finished request has been recorded, or ctx ends.

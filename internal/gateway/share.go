@@ -84,8 +84,8 @@ func (g *Gateway) flightFor(r *http.Request, c *call) (*flight, *apiError) {
 }
 
 // share runs c through its flight: as the leader it runs the pipeline and
-// publishes the answer; as a follower it relays the leader's. It returns
-// false when c must run on its own after all (not used today, kept simple).
+// publishes the answer; as a follower it relays the leader's. When the store
+// cannot coordinate, c runs on its own.
 func (g *Gateway) share(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call, fl *flight, cache *cacheFill) {
 	var (
 		wroteHead bool
@@ -273,17 +273,14 @@ const followerDeployment = "dedup-follower"
 // the tenant's usage, as a request with no tokens and no cost, so the usage
 // API shows what de-duplication saved.
 func (g *Gateway) recordFollower(c *call) {
-	b := budget.Budget{Tenant: c.tenant.Name, Period: accountingPeriod}
-	if c.tenant.Budget != nil {
-		b = *c.tenant.Budget
-	}
+	b := c.tenant.accountingBudget()
 	win, err := b.Window(time.Now())
 	if err != nil {
 		return
 	}
 	res := budget.Reservation{ID: c.usageID(), Tenant: c.tenant.Name, Window: win, Model: c.priceModel()}
 	rec := budget.Record{Model: c.priceModel(), Deployment: followerDeployment}
-	g.background(func(ctx context.Context) {
+	g.background(settleTimeout, func(ctx context.Context) {
 		if _, err := g.opt.Budgets.Settle(ctx, res, rec); err != nil {
 			g.log.Warn("could not record a de-duplicated request in usage", "request_id", c.id, "err", err)
 		}

@@ -366,22 +366,33 @@ type chatChunk struct {
 
 var jsonNull = json.RawMessage("null")
 
-func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+// acceptChatModel authenticates r, reads and parses its body, and checks
+// that it asks for a chat model. It returns the caller's key and the
+// request; false means the error was answered.
+func acceptChatModel[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func([]byte) (*T, *reqError), model func(*T) string) (string, *T, bool) {
 	key, ok := s.authenticate(w, r)
 	if !ok {
-		return
+		return "", nil, false
 	}
 	body, ok := s.readBody(w, r)
 	if !ok {
-		return
+		return "", nil, false
 	}
-	req, rerr := parseChatRequest(body)
+	req, rerr := parse(body)
 	if rerr != nil {
 		rerr.write(w)
-		return
+		return "", nil, false
 	}
-	if !s.chat[req.Model] {
-		modelNotFound(w, req.Model)
+	if m := model(req); !s.chat[m] {
+		modelNotFound(w, m)
+		return "", nil, false
+	}
+	return key, req, true
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	key, req, ok := acceptChatModel(s, w, r, parseChatRequest, func(r *chatRequest) string { return r.Model })
+	if !ok {
 		return
 	}
 	prompt := chatPromptTokens(req)
@@ -557,21 +568,8 @@ type completionAnswer struct {
 // a deterministic continuation of its prompt, under the same limits and
 // faults as chat. The chat models serve this endpoint too.
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
-	key, ok := s.authenticate(w, r)
+	key, req, ok := acceptChatModel(s, w, r, parseCompletionRequest, func(r *completionRequest) string { return r.Model })
 	if !ok {
-		return
-	}
-	body, ok := s.readBody(w, r)
-	if !ok {
-		return
-	}
-	req, rerr := parseCompletionRequest(body)
-	if rerr != nil {
-		rerr.write(w)
-		return
-	}
-	if !s.chat[req.Model] {
-		modelNotFound(w, req.Model)
 		return
 	}
 	limit := req.maxTokens()
