@@ -112,10 +112,15 @@ func TestMainTable(t *testing.T) {
 	if err := json.Unmarshal(b, &res); err != nil || len(res.Summaries) != 6 {
 		t.Errorf("--out: %v, %d summaries:\n%s", err, len(res.Summaries), b)
 	}
-	for _, s := range []string{"direct", "proxy", "memory", "stream c=1", "targets", "PASS"} {
+	for _, s := range []string{"direct", "proxy", "memory", "stream c=1", "targets"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}
+	}
+	// Each memory target gets a verdict; which one depends on the machine's
+	// load, so either is accepted here (speed is not asserted in tests).
+	if n := strings.Count(out, "PASS") + strings.Count(out, "MISS"); n < 3 {
+		t.Errorf("table has %d target verdicts, want at least 3 (the memory targets):\n%s", n, out)
 	}
 	failing := &fakeFactory{wrap: func(http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "no", http.StatusBadGateway) })
