@@ -24,14 +24,14 @@ package ratelimit
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/llmgate/llmgate/clock"
 )
 
 // Errors returned by this package and its backends.
@@ -241,6 +241,9 @@ type Backend interface {
 // Stats counts what a Limiter did; read it with Limiter.Stats.
 type Stats struct {
 	Admitted, Denied, Waited, StoreErrors, FailedOpen, FailedClosed int64
+	// Local counts the admissions (also in Admitted) made from a local
+	// block without a store call; see WithLocalQuota.
+	Local int64
 }
 
 // Limiter checks requests against a Backend.
@@ -248,8 +251,11 @@ type Limiter struct {
 	b           Backend
 	log         *slog.Logger
 	waiterLease time.Duration
+	clk         clock.Clock
+	localCfg    *LocalQuota
+	local       *localQuota // nil unless WithLocalQuota
 
-	admitted, denied, waited, storeErrors, failedOpen, failedClosed atomic.Int64
+	admitted, denied, waited, storeErrors, failedOpen, failedClosed, localAdmitted atomic.Int64
 }
 
 // Option configures a Limiter.
@@ -263,12 +269,15 @@ func WithWaiterLease(d time.Duration) Option { return func(x *Limiter) { x.waite
 
 // New returns a Limiter over b.
 func New(b Backend, opts ...Option) *Limiter {
-	l := &Limiter{b: b, waiterLease: DefaultWaiterLease}
+	l := &Limiter{b: b, waiterLease: DefaultWaiterLease, clk: clock.Real{}}
 	for _, o := range opts {
 		o(l)
 	}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
+	}
+	if l.localCfg != nil {
+		l.local = newLocalQuota(*l.localCfg, b, l.log, l.clk)
 	}
 	if l.waiterLease < 30*time.Millisecond {
 		l.waiterLease = 30 * time.Millisecond
@@ -281,6 +290,7 @@ func (l *Limiter) Stats() Stats {
 	return Stats{
 		Admitted: l.admitted.Load(), Denied: l.denied.Load(), Waited: l.waited.Load(),
 		StoreErrors: l.storeErrors.Load(), FailedOpen: l.failedOpen.Load(), FailedClosed: l.failedClosed.Load(),
+		Local: l.localAdmitted.Load(),
 	}
 }
 
@@ -290,9 +300,7 @@ func normalize(r Request) (*Request, error) {
 		return nil, fmt.Errorf("%w: no charges", ErrInvalid)
 	}
 	if r.ID == "" {
-		var b [12]byte
-		_, _ = rand.Read(b[:])
-		r.ID = hex.EncodeToString(b[:])
+		r.ID = newID()
 	}
 	if r.Hold <= 0 {
 		r.Hold = DefaultHold
@@ -409,15 +417,44 @@ func (l *Limiter) Allow(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	d, err := l.b.Admit(ctx, r)
+	d, done, p, err := l.tryLocal(ctx, r, req.ID != "")
+	if done {
+		return d, err
+	}
+	d, err = l.b.Admit(ctx, r)
 	if err != nil {
 		if ctx.Err() != nil {
 			return Decision{ID: r.ID}, err
 		}
 		return l.outage(r, err)
 	}
+	if p != nil {
+		l.local.noteStore(p, d, false)
+	}
 	l.count(d)
 	return d, nil
+}
+
+// tryLocal admits r from a local block when the Limiter has a local quota.
+// done false means r goes to the store; p is then its pool (nil without a
+// local quota), to tell what the store decided.
+func (l *Limiter) tryLocal(ctx context.Context, r *Request, chosenID bool) (d Decision, done bool, p *pool, err error) {
+	if l.local == nil || !eligible(r, chosenID) {
+		return Decision{}, false, nil, nil
+	}
+	d, ok, p, err := l.local.admit(ctx, r)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return Decision{ID: r.ID}, true, p, err
+	case err != nil:
+		d, err = l.outage(r, err)
+		return d, true, p, err
+	case ok:
+		l.localAdmitted.Add(1)
+		l.count(d)
+		return d, true, p, nil
+	}
+	return Decision{}, false, p, nil
 }
 
 // Wait queues the request until every limit admits it or ctx ends. On ctx
@@ -429,6 +466,10 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 	r, err := normalize(req)
 	if err != nil {
 		return Decision{}, err
+	}
+	d, done, p, err := l.tryLocal(ctx, r, req.ID != "")
+	if done {
+		return d, err
 	}
 	r.Defer = MaxDefer
 	if dl, ok := ctx.Deadline(); ok {
@@ -459,7 +500,7 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 			if !first {
 				l.waited.Add(1)
 			}
-			return l.startAdmitted(ctx, r, d)
+			return l.startAdmitted(ctx, r, d, p, !first)
 		}
 		if first {
 			last = d
@@ -479,7 +520,7 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 			d, admitted, err = l.b.Await(ctx, r, max(time.Until(wake), time.Millisecond))
 			if admitted && err == nil {
 				l.waited.Add(1)
-				return l.startAdmitted(ctx, r, d)
+				return l.startAdmitted(ctx, r, d, p, true)
 			}
 			if ctx.Err() != nil {
 				return l.giveUp(ctx, r, last)
@@ -498,8 +539,13 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 
 // startAdmitted returns an admission to Wait's caller once its delay (if it was
 // admitted ahead of its tokens) has passed; if ctx ends first, the
-// reservation is refunded.
-func (l *Limiter) startAdmitted(ctx context.Context, r *Request, d Decision) (Decision, error) {
+// reservation is refunded. p, when not nil, is told what the store decided.
+func (l *Limiter) startAdmitted(ctx context.Context, r *Request, d Decision, p *pool, waited bool) (Decision, error) {
+	if p != nil {
+		// A request that had to wait, or to start later, is near a limit:
+		// no blocks for now.
+		l.local.noteStore(p, d, waited || d.Delay > 0)
+	}
 	if d.Delay > 0 {
 		if err := sleepCtx(ctx, d.Delay); err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -548,12 +594,22 @@ func (l *Limiter) Settle(ctx context.Context, id string, actual []int64) error {
 			return fmt.Errorf("%w: negative actual cost %d", ErrInvalid, a)
 		}
 	}
+	if l.local != nil {
+		if handled, err := l.local.settle(ctx, id, actual); handled {
+			return err
+		}
+	}
 	return l.b.Settle(ctx, id, actual)
 }
 
 // Refund gives back everything an admitted request reserved (it never
 // reached the provider) and releases its permits. Idempotent.
 func (l *Limiter) Refund(ctx context.Context, id string) error {
+	if l.local != nil {
+		if handled, err := l.local.settle(ctx, id, nil); handled {
+			return err
+		}
+	}
 	return l.b.Settle(ctx, id, nil)
 }
 
@@ -562,6 +618,11 @@ func (l *Limiter) Refund(ctx context.Context, id string) error {
 func (l *Limiter) Extend(ctx context.Context, id string, hold time.Duration) error {
 	if hold < time.Millisecond {
 		return fmt.Errorf("%w: hold %v below 1ms", ErrInvalid, hold)
+	}
+	if l.local != nil {
+		if handled, err := l.local.extend(ctx, id, hold); handled {
+			return err
+		}
 	}
 	return l.b.Extend(ctx, id, hold)
 }
@@ -572,6 +633,9 @@ func (l *Limiter) Extend(ctx context.Context, id string, hold time.Duration) err
 func (l *Limiter) Cooldown(ctx context.Context, scope string, d time.Duration) (time.Duration, error) {
 	if scope == "" || d <= 0 {
 		return 0, fmt.Errorf("%w: cooldown needs a scope and a positive duration", ErrInvalid)
+	}
+	if l.local != nil {
+		l.local.retireScope(scope)
 	}
 	return l.b.Cooldown(ctx, scope, d)
 }
@@ -587,5 +651,19 @@ func (l *Limiter) Observe(ctx context.Context, scope string, lim Limit, remainin
 	if lim.Kind == Concurrency {
 		return fmt.Errorf("%w: Observe applies to rate limits", ErrInvalid)
 	}
+	if l.local != nil {
+		l.local.retireScope(scope)
+	}
 	return l.b.Observe(ctx, scope, r.Charges[0].Limit, max(remaining, 0))
+}
+
+// Close returns the unused part of local blocks (see WithLocalQuota) to the
+// store and waits for blocks being returned, until ctx ends. Blocks whose
+// requests are still unsettled go back when those settle. Without a local
+// quota it does nothing. The Limiter stays usable.
+func (l *Limiter) Close(ctx context.Context) error {
+	if l.local == nil {
+		return nil
+	}
+	return l.local.close(ctx)
 }

@@ -257,7 +257,11 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err 
 			return client.Do(ctx, client.B().Ping().Build()).Error()
 		}
 	}
-	limiter := ratelimit.New(rlBackend, ratelimit.WithLogger(log))
+	rlOpts := []ratelimit.Option{ratelimit.WithLogger(log)}
+	if !storeurl.IsMemory(cfg.Store) && cfg.RateLimit.LocalQuotaOn() {
+		rlOpts = append(rlOpts, ratelimit.WithLocalQuota(ratelimit.LocalQuota{Window: cfg.RateLimit.LocalWindow}))
+	}
+	limiter := ratelimit.New(rlBackend, rlOpts...)
 	budgets, err := budget.New(bBackend, budget.Config{
 		Prices: cfg.Prices, // the defaults with the file's prices merged over them
 		TTL:    cfg.Budget.ReservationTTL, FailOpen: cfg.Budget.FailOpen, Logger: log,

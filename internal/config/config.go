@@ -396,10 +396,25 @@ type RateLimitStore struct {
 	// them): how long a crashed replica can pin capacity. Default
 	// DefaultReservationHold.
 	ReservationHold time.Duration `yaml:"reservation_hold"`
+	// LocalQuota lets each replica admit most requests from blocks of
+	// capacity reserved in a Redis store ahead of time, without a store
+	// round trip per request (ratelimit.WithLocalQuota). Default true;
+	// ignored with the memory store.
+	LocalQuota *bool `yaml:"local_quota"`
+	// LocalWindow is how long a block admits requests before its unused
+	// part goes back: how long another replica's cooldown can go unnoticed.
+	// Default DefaultLocalWindow.
+	LocalWindow time.Duration `yaml:"local_window"`
 }
 
-// DefaultReservationHold is the default of ratelimit.reservation_hold.
-const DefaultReservationHold = 2 * time.Minute
+// LocalQuotaOn reports whether local quota blocks are on (the default).
+func (r RateLimitStore) LocalQuotaOn() bool { return r.LocalQuota == nil || *r.LocalQuota }
+
+// Defaults of the ratelimit section.
+const (
+	DefaultReservationHold = 2 * time.Minute
+	DefaultLocalWindow     = 100 * time.Millisecond
+)
 
 // Sessions configures conversation ordering: requests carrying the same
 // session id are served one at a time, in arrival order, across replicas.
@@ -527,6 +542,7 @@ func (c *Config) SetDefaults(getenv func(string) string) {
 	setDuration(&c.Budget.ReservationTTL, DefaultReservationTTL)
 	setString(&c.Sessions.Header, DefaultSessionHeader)
 	setDuration(&c.RateLimit.ReservationHold, DefaultReservationHold)
+	setDuration(&c.RateLimit.LocalWindow, DefaultLocalWindow)
 	setDuration(&c.Dedup.LeaseTTL, DefaultDedupLeaseTTL)
 	setDuration(&c.Dedup.Retain, DefaultDedupRetain)
 	setDuration(&c.Dedup.IdempotencyTTL, DefaultIdempotencyTTL)

@@ -33,7 +33,7 @@ func TestDefaults(t *testing.T) {
 		"Upstream.Timeout":           Timeout{Floor: 10 * time.Second, Ceiling: 300 * time.Second, Multiplier: 4},
 		"Upstream.IdleTimeout":       120 * time.Second,
 		"Budget":                     BudgetStore{FailOpen: false, ReservationTTL: 15 * time.Minute},
-		"RateLimit":                  RateLimitStore{FailClosed: false, ReservationHold: DefaultReservationHold},
+		"RateLimit":                  RateLimitStore{FailClosed: false, ReservationHold: DefaultReservationHold, LocalWindow: DefaultLocalWindow},
 		"Source":                     "test.yaml",
 		"Providers[0].Type":          "openai",
 		"Tenants[0].Priority":        "interactive",

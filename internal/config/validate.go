@@ -161,6 +161,9 @@ func (v *validator) top() {
 	if d := c.RateLimit.ReservationHold; d < 2*time.Second {
 		v.add("ratelimit.reservation_hold", "is %v; must be at least 2s (running requests renew it every half), e.g. 2m", d)
 	}
+	if d := c.RateLimit.LocalWindow; d < 10*time.Millisecond || d > 10*time.Second {
+		v.add("ratelimit.local_window", "is %v; must be between 10ms and 10s, e.g. 100ms", d)
+	}
 	if ttl := c.Sessions.TTL; ttl < time.Second {
 		v.add("sessions.ttl", "is %v; must be at least 1s (the lease is renewed every third of it), e.g. 10s", ttl)
 	}

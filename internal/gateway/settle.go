@@ -113,9 +113,14 @@ func (g *Gateway) releaseBudget(res budget.Reservation) {
 	})
 }
 
-// Close waits until every finished request has been recorded, or ctx ends.
+// Close waits until every finished request has been recorded and the
+// limiter's unused local blocks are back in the store, or ctx ends.
 func (g *Gateway) Close(ctx context.Context) error {
-	return g.pending.wait(ctx)
+	if err := g.pending.wait(ctx); err != nil {
+		return err
+	}
+	// Settles are done: the limiter's local blocks can all go back.
+	return g.opt.Limiter.Close(ctx)
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,308 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmgate/llmgate/clock"
+	"github.com/llmgate/llmgate/ratelimit"
+	"github.com/llmgate/llmgate/ratelimit/memory"
+)
+
+// countingBackend counts the store calls a Limiter makes.
+type countingBackend struct {
+	ratelimit.Backend
+	admits, settles atomic.Int64
+	onSettle        func() // called after each Settle, if set before use
+}
+
+func (c *countingBackend) Admit(ctx context.Context, r *ratelimit.Request) (ratelimit.Decision, error) {
+	c.admits.Add(1)
+	return c.Backend.Admit(ctx, r)
+}
+
+func (c *countingBackend) Settle(ctx context.Context, id string, actual []int64) error {
+	c.settles.Add(1)
+	err := c.Backend.Settle(ctx, id, actual)
+	if c.onSettle != nil {
+		c.onSettle()
+	}
+	return err
+}
+
+const scopeDep = "deployment:key1/gpt-4.1"
+
+// window is long enough that the limits in these tests refill less than
+// one unit while they run: what the store has left shows what was charged.
+const window = 1000 * time.Hour
+
+// gatewayLike is a request's charges as the gateway makes them: requests
+// and tokens of the deployment, requests of the tenant.
+func gatewayLike(requests, tokens, cost int64) ratelimit.Request {
+	return ratelimit.Request{Charges: []ratelimit.Charge{
+		{Scope: scopeDep, Limit: ratelimit.Limit{Kind: ratelimit.Requests, Limit: requests, Window: window}},
+		{Scope: scopeDep, Limit: ratelimit.Limit{Kind: ratelimit.Tokens, Limit: tokens, Window: window}, Cost: cost},
+		{Scope: "tenant:a", Limit: ratelimit.Limit{Kind: ratelimit.Requests, Limit: requests, Window: window}},
+	}}
+}
+
+func newLocal(t *testing.T, q ratelimit.LocalQuota) (*ratelimit.Limiter, *countingBackend, *clock.Fake) {
+	t.Helper()
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	b := &countingBackend{Backend: memory.New(clk)}
+	l := ratelimit.New(b, ratelimit.WithLocalQuota(q), ratelimit.WithClock(clk))
+	t.Cleanup(func() {
+		if err := l.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return l, b, clk
+}
+
+// probe reads the store's remaining on every limit, before the probe's own
+// charge, with a request that cannot come from a block (it has its own ID).
+func probe(t *testing.T, l *ratelimit.Limiter, req ratelimit.Request, id string) []int64 {
+	t.Helper()
+	req.ID = id
+	for i := range req.Charges {
+		req.Charges[i].Cost = 0
+	}
+	d, err := l.Allow(context.Background(), req)
+	if err != nil || !d.Allowed {
+		t.Fatalf("probe: %+v, %v", d, err)
+	}
+	if err := l.Refund(context.Background(), d.ID); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]int64, len(d.Limits))
+	for i, s := range d.Limits {
+		out[i] = s.Remaining
+		if s.Kind == ratelimit.Requests {
+			out[i]++ // the probe counts as one request
+		}
+	}
+	return out
+}
+
+// TestLocalQuotaSettlesExactly: a thousand requests, each settled with less
+// than its estimate, make a few dozen store calls, and once their blocks
+// are back the store holds exactly what per-request settles would leave.
+func TestLocalQuotaSettlesExactly(t *testing.T) {
+	ctx := context.Background()
+	l, b, clk := newLocal(t, ratelimit.LocalQuota{})
+	const n, est, used = 1000, 100, 37
+	for i := range n {
+		d, err := l.Allow(ctx, gatewayLike(1_000_000, 1_000_000_000, est))
+		if err != nil || !d.Allowed {
+			t.Fatalf("request %d: %+v, %v", i, d, err)
+		}
+		if len(d.Limits) != 3 || d.Limits[1].Remaining <= 0 {
+			t.Fatalf("request %d: limits %+v", i, d.Limits)
+		}
+		if err := l.Settle(ctx, d.ID, []int64{1, used, 1}); err != nil {
+			t.Fatalf("settle %d: %v", i, err)
+		}
+		if i%100 == 99 {
+			clk.Advance(ratelimit.DefaultLocalWindow / 2) // some blocks end by time
+		}
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := l.Stats()
+	if st.Admitted != n || st.Local < n*9/10 {
+		t.Errorf("stats %+v: want %d admitted, most of them locally", st, n)
+	}
+	if a := b.admits.Load(); a > n/10 {
+		t.Errorf("%d store admissions for %d requests", a, n)
+	}
+	// 500 ms passed: the tokens refilled 138, the requests less than one.
+	got := probe(t, l, gatewayLike(1_000_000, 1_000_000_000, 0), "probe")
+	want := []int64{1_000_000 - n, 1_000_000_000 - n*used + 138, 1_000_000 - n}
+	for i := range want {
+		if got[i] < want[i]-1 || got[i] > want[i]+1 {
+			t.Errorf("limit %d: store has %d left, want %d", i, got[i], want[i])
+		}
+	}
+}
+
+// TestLocalQuotaNeverExceeds: concurrent requests that are never settled
+// get exactly the limits' capacity, no more, blocks or not.
+func TestLocalQuotaNeverExceeds(t *testing.T) {
+	ctx := context.Background()
+	l, _, _ := newLocal(t, ratelimit.LocalQuota{})
+	const rpm, tokens = 2000, 7
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for range 1000 {
+				d, err := l.Allow(ctx, gatewayLike(rpm, rpm*tokens, tokens))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !d.Allowed {
+					return
+				}
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != rpm {
+		t.Errorf("admitted %d, want exactly %d (the clock stood still)", got, rpm)
+	}
+	if st := l.Stats(); st.Local == 0 {
+		t.Errorf("no local admissions: %+v", st)
+	}
+}
+
+// TestLocalQuotaReturnsUnusedAtWindowEnd: a block's unused part goes back
+// to the store when its window ends, so another replica can use it.
+func TestLocalQuotaReturnsUnusedAtWindowEnd(t *testing.T) {
+	ctx := context.Background()
+	l, b, clk := newLocal(t, ratelimit.LocalQuota{Window: time.Second})
+	returned := make(chan struct{}, 100)
+	b.onSettle = func() { returned <- struct{}{} }
+	req := gatewayLike(1000, 1_000_000, 10)
+	var ids []string
+	for range 10 { // two to start blocks, then blocks
+		d, err := l.Allow(ctx, req)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+		ids = append(ids, d.ID)
+	}
+	if l.Stats().Local == 0 {
+		t.Fatal("no block was taken")
+	}
+	for _, id := range ids {
+		if err := l.Settle(ctx, id, []int64{1, 10, 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for len(returned) > 0 { // blocks that went back when their last request settled
+		<-returned
+	}
+	clk.Advance(time.Second) // window over: the last block goes back
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no block went back to the store after its window")
+	}
+	if got := probe(t, l, req, "probe"); got[0] != 990 || got[1] != 1_000_000-100 || got[2] != 990 {
+		t.Errorf("store has %v left, want [990 999900 990]", got)
+	}
+}
+
+// TestLocalQuotaRetiredByCooldown: after a Cooldown on a scope, no block
+// admits on it; the store's cooldown refuses.
+func TestLocalQuotaRetiredByCooldown(t *testing.T) {
+	ctx := context.Background()
+	l, _, _ := newLocal(t, ratelimit.LocalQuota{})
+	req := gatewayLike(100_000, 100_000_000, 10)
+	for range 20 {
+		if d, err := l.Allow(ctx, req); err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	if l.Stats().Local == 0 {
+		t.Fatal("no block was taken")
+	}
+	if _, err := l.Cooldown(ctx, scopeDep, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Allow(ctx, req)
+	if err != nil || d.Allowed || d.DeniedBy != scopeDep {
+		t.Fatalf("after cooldown: %+v, %v; want denied by %s", d, err, scopeDep)
+	}
+}
+
+// TestLocalQuotaIDs: settling a local reservation twice is a no-op, also
+// after its block went back; Extend works until it is settled; requests
+// with their own ID or a concurrency charge always go to the store.
+func TestLocalQuotaIDs(t *testing.T) {
+	ctx := context.Background()
+	l, b, _ := newLocal(t, ratelimit.LocalQuota{})
+	req := gatewayLike(100_000, 100_000_000, 10)
+	var local []ratelimit.Decision
+	for range 10 {
+		d, err := l.Allow(ctx, req)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+		local = append(local, d)
+	}
+	d := local[len(local)-1]
+	if l.Stats().Local == 0 {
+		t.Fatal("no block was taken")
+	}
+	if err := l.Extend(ctx, d.ID, time.Minute); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	for range 2 {
+		if err := l.Settle(ctx, d.ID, []int64{1, 5, 1}); err != nil {
+			t.Fatalf("Settle: %v", err)
+		}
+	}
+	if err := l.Extend(ctx, d.ID, time.Minute); !errors.Is(err, ratelimit.ErrUnknownReservation) {
+		t.Fatalf("Extend after Settle: %v", err)
+	}
+	for _, d := range local {
+		if err := l.Refund(ctx, d.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Settle(ctx, d.ID, []int64{1, 5, 1}); err != nil {
+		t.Fatalf("Settle after the block went back: %v", err)
+	}
+
+	before := l.Stats().Local
+	admits := b.admits.Load()
+	own := req
+	own.ID = "mine"
+	if d, err := l.Allow(ctx, own); err != nil || !d.Allowed || d.ID != "mine" {
+		t.Fatalf("own ID: %+v, %v", d, err)
+	}
+	conc := req
+	conc.Charges = append(append([]ratelimit.Charge(nil), req.Charges...),
+		ratelimit.Charge{Scope: scopeDep, Limit: ratelimit.Limit{Kind: ratelimit.Concurrency, Limit: 100}})
+	for range 5 {
+		if d, err := l.Allow(ctx, conc); err != nil || !d.Allowed {
+			t.Fatalf("concurrency: %+v, %v", d, err)
+		}
+	}
+	if got := l.Stats().Local; got != before {
+		t.Errorf("%d local admissions for requests that must go to the store", got-before)
+	}
+	if got := b.admits.Load() - admits; got != 6 {
+		t.Errorf("%d store admissions, want 6", got)
+	}
+}
+
+// TestLocalQuotaStaysOffNearALimit: with less than Headroom blocks' worth
+// left, every request is decided by the store.
+func TestLocalQuotaStaysOffNearALimit(t *testing.T) {
+	ctx := context.Background()
+	l, b, _ := newLocal(t, ratelimit.LocalQuota{Headroom: 8})
+	req := gatewayLike(15, 1_000_000, 1) // 15 left: a block of 2 needs 16
+	for range 15 {
+		if d, err := l.Allow(ctx, req); err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	if got := l.Stats().Local; got != 0 {
+		t.Errorf("%d local admissions near the limit", got)
+	}
+	if got := b.admits.Load(); got != 15 {
+		t.Errorf("%d store admissions, want 15", got)
+	}
+}
