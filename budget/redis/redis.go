@@ -1,4 +1,4 @@
-// Package redis is the Redis (and Valkey) budget backend: one Lua script per operation, one round trip per Reserve and per Settle, keys of a tenant's window under one hash tag.
+// Package redis is the Redis (and Valkey) budget backend: one Lua script per operation, one round trip per Reserve and per Settle (concurrent Settles of one window share it), keys of a tenant's window under one hash tag.
 //
 // # Keys
 //
@@ -31,6 +31,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -68,6 +70,14 @@ type Config struct {
 type Backend struct {
 	c      rueidis.Client
 	prefix string
+
+	mu      sync.Mutex              // protects settles
+	settles map[string]*settleQueue // by window (first key), while settles of it run
+
+	// For tests: called before each batch is sent, and when a settle
+	// queues behind a call in flight.
+	beforeBatch func([]*settleCall)
+	onQueued    func()
 }
 
 var _ budget.Backend = (*Backend)(nil)
@@ -78,7 +88,7 @@ func New(c rueidis.Client, cfg Config) *Backend {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
-	return &Backend{c: c, prefix: cfg.Prefix}
+	return &Backend{c: c, prefix: cfg.Prefix, settles: map[string]*settleQueue{}}
 }
 
 // Keys returns the five Redis keys of key's window, in the order the
@@ -124,22 +134,116 @@ func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budge
 	return res, nil
 }
 
-// Settle runs settle.lua.
+// maxBatch bounds the settles sent in one script call.
+const maxBatch = 128
+
+// settleQueue holds the settles of one window waiting for the call in
+// flight to return.
+type settleQueue struct {
+	pending []*settleCall
+}
+
+type settleCall struct {
+	req  budget.SettleRequest
+	res  budget.SettleResult
+	err  error
+	done chan struct{}
+}
+
+// Settle runs settle.lua. While a settle of the same window is in flight,
+// further ones queue and then go together in one call (up to maxBatch):
+// one round trip and one script for a burst of settles, and no added wait
+// when they come one at a time.
 func (b *Backend) Settle(ctx context.Context, req budget.SettleRequest) (budget.SettleResult, error) {
-	rec := req.Record
-	args := []string{
-		req.ID,
-		itoa(rec.Usage.Tokens()), itoa(rec.MicroUSD),
-		itoa(rec.Usage.PromptTokens), itoa(rec.Usage.CompletionTokens), itoa(rec.Usage.CachedTokens),
-		rowField(rec.Model, rec.Deployment),
-		itoa(max(req.Remember.Milliseconds(), 1)),
-		itoa(req.Keep.UnixMilli()),
+	c := &settleCall{req: req, done: make(chan struct{})}
+	keys := b.Keys(req.Key)
+	b.mu.Lock()
+	q, running := b.settles[keys[0]]
+	if !running {
+		q = &settleQueue{}
+		b.settles[keys[0]] = q
 	}
-	v, err := ints(settleScript.Exec(ctx, b.c, b.Keys(req.Key), args), 3)
-	if err != nil {
-		return budget.SettleResult{}, fmt.Errorf("budget: redis settle: %w", err)
+	q.pending = append(q.pending, c)
+	b.mu.Unlock()
+	if running {
+		if b.onQueued != nil {
+			b.onQueued()
+		}
+	} else {
+		// This call sends the queue, its own settle first, until its own
+		// result is in; whoever is left is sent by a goroutine.
+		b.flush(ctx, keys, q, c)
 	}
-	return budget.SettleResult{Applied: v[0] == 1, Spent: budget.Amount{Tokens: v[1], MicroUSD: v[2]}}, nil
+	select {
+	case <-c.done:
+		return c.res, c.err
+	case <-ctx.Done():
+		// It may still be applied; a retry with the same ID is a no-op then.
+		return budget.SettleResult{}, ctx.Err()
+	}
+}
+
+// flush sends q's settles in batches until own is done, then hands the
+// rest to a goroutine (own nil: until the queue is empty).
+func (b *Backend) flush(ctx context.Context, keys []string, q *settleQueue, own *settleCall) {
+	// The batch carries other callers' settles: one caller's cancellation
+	// must not fail them.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	for {
+		b.mu.Lock()
+		n := min(len(q.pending), maxBatch)
+		if n == 0 {
+			delete(b.settles, keys[0])
+			b.mu.Unlock()
+			return
+		}
+		batch := q.pending[:n:n]
+		q.pending = q.pending[n:]
+		b.mu.Unlock()
+		b.sendBatch(ctx, keys, batch)
+		if own == nil {
+			continue
+		}
+		select {
+		case <-own.done:
+			go b.flush(context.Background(), keys, q, nil)
+			return
+		default:
+		}
+	}
+}
+
+// sendBatch runs settle.lua over batch and completes each of its calls.
+func (b *Backend) sendBatch(ctx context.Context, keys []string, batch []*settleCall) {
+	if b.beforeBatch != nil {
+		b.beforeBatch(batch)
+	}
+	keep := int64(0)
+	for _, c := range batch {
+		keep = max(keep, c.req.Keep.UnixMilli())
+	}
+	args := make([]string, 1, 1+8*len(batch))
+	args[0] = itoa(keep)
+	for _, c := range batch {
+		rec := c.req.Record
+		args = append(args,
+			c.req.ID,
+			itoa(rec.Usage.Tokens()), itoa(rec.MicroUSD),
+			itoa(rec.Usage.PromptTokens), itoa(rec.Usage.CompletionTokens), itoa(rec.Usage.CachedTokens),
+			rowField(rec.Model, rec.Deployment),
+			itoa(max(c.req.Remember.Milliseconds(), 1)),
+		)
+	}
+	v, err := ints(settleScript.Exec(ctx, b.c, keys, args), 3*len(batch))
+	for i, c := range batch {
+		if err != nil {
+			c.err = fmt.Errorf("budget: redis settle: %w", err)
+		} else {
+			c.res = budget.SettleResult{Applied: v[3*i] == 1, Spent: budget.Amount{Tokens: v[3*i+1], MicroUSD: v[3*i+2]}}
+		}
+		close(c.done)
+	}
 }
 
 // Release runs release.lua.
