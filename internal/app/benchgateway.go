@@ -77,7 +77,7 @@ func benchConfig(store, upstreamBaseURL, stateDir string, getenv func(string) st
 // benchGatewayFactory builds the llmgate variants of `llmgate bench
 // gateway` with the wiring `llmgate serve` uses (startServer). Warnings and
 // errors are logged to a.Stderr.
-func (a *App) benchGatewayFactory(ctx context.Context, store, upstreamBaseURL string) (http.Handler, func(), error) {
+func (a *App) benchGatewayFactory(ctx context.Context, variant, store, upstreamBaseURL string) (http.Handler, func(), error) {
 	// The memory store persists budgets and usage: in a directory of
 	// its own, removed afterwards.
 	dir, err := os.MkdirTemp("", "llmgate-bench-state-")
@@ -94,6 +94,10 @@ func (a *App) benchGatewayFactory(ctx context.Context, store, upstreamBaseURL st
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
+	}
+	if variant == gatewaybench.VariantRedisStrict {
+		off := false
+		cfg.RateLimit.LocalQuota = &off
 	}
 	b := &App{Stdin: a.Stdin, Stdout: a.Stdout, Stderr: a.Stderr, Getenv: getenv, Environ: func() []string { return nil }}
 	s, err := b.startServer(cfg, newLogger(a.Stderr, cfg.Log))

@@ -40,10 +40,17 @@ const (
 	VariantMemory = "memory"
 	// VariantRedis goes through llmgate on a Redis store.
 	VariantRedis = "redis"
+	// VariantRedisStrict goes through llmgate on the same Redis with the
+	// local quota off (ratelimit.local_quota: false): one store decision
+	// per request.
+	VariantRedisStrict = "redis-strict"
 )
 
 // AllVariants lists every variant, in the order reports show them.
-var AllVariants = []string{VariantDirect, VariantProxy, VariantMemory, VariantRedis}
+var AllVariants = []string{VariantDirect, VariantProxy, VariantMemory, VariantRedis, VariantRedisStrict}
+
+// onRedis reports whether variant v runs llmgate on Redis.
+func onRedis(v string) bool { return v == VariantRedis || v == VariantRedisStrict }
 
 // Defaults used by Main for flags left out.
 const (
@@ -81,13 +88,14 @@ var (
 	ErrSetup = errors.New("gatewaybench: setup failed")
 )
 
-// GatewayFactory builds an llmgate gateway on store ("memory" or a
+// GatewayFactory builds the llmgate gateway of variant (VariantMemory,
+// VariantRedis or VariantRedisStrict) on store ("memory" or a
 // redis:// URL) whose single provider, of type openai, is at
 // upstreamBaseURL (e.g. "http://127.0.0.1:PORT/v1"). It must accept
 // TenantKey and serve Model. The returned function releases everything the
 // gateway holds; it is called once, after the last request. The handler
 // may implement Drainer.
-type GatewayFactory func(ctx context.Context, store, upstreamBaseURL string) (http.Handler, func(), error)
+type GatewayFactory func(ctx context.Context, variant, store, upstreamBaseURL string) (http.Handler, func(), error)
 
 // Drainer is implemented by a gateway handler that finishes work in the
 // background (settling usage after the answer was sent). The benchmark
@@ -112,12 +120,14 @@ type Config struct {
 	// Variants are the paths measured; VariantDirect is required (every
 	// figure is relative to it). Default AllVariants.
 	Variants []string
-	// Redis is the redis:// URL of the store of VariantRedis.
+	// Redis is the redis:// URL of the store of VariantRedis and
+	// VariantRedisStrict.
 	Redis string
 	// MaxRequests bounds the requests of one cell, whatever its duration.
 	// Default DefaultMaxRequests.
 	MaxRequests int64
-	// Factory builds the gateway of VariantMemory and VariantRedis.
+	// Factory builds the gateway of VariantMemory, VariantRedis and
+	// VariantRedisStrict.
 	Factory GatewayFactory
 	// ProfileVariant, when Profile or MutexProfile is not nil, is run
 	// once more after the repetitions, at the highest concurrency for
@@ -187,11 +197,12 @@ func (c Config) Validate() error {
 	if !seenV[VariantDirect] {
 		return fmt.Errorf("%w: --variants must include %s: every figure is relative to it", ErrConfig, VariantDirect)
 	}
-	if (seenV[VariantMemory] || seenV[VariantRedis]) && c.Factory == nil {
-		return fmt.Errorf("%w: the %s and %s variants need a GatewayFactory", ErrConfig, VariantMemory, VariantRedis)
+	redis := seenV[VariantRedis] || seenV[VariantRedisStrict]
+	if (seenV[VariantMemory] || redis) && c.Factory == nil {
+		return fmt.Errorf("%w: the llmgate variants (%s, %s, %s) need a GatewayFactory", ErrConfig, VariantMemory, VariantRedis, VariantRedisStrict)
 	}
-	if seenV[VariantRedis] && c.Redis == "" {
-		return fmt.Errorf("%w: the %s variant needs a Redis: give --redis ADDR, or put redis-server on PATH", ErrConfig, VariantRedis)
+	if redis && c.Redis == "" {
+		return fmt.Errorf("%w: the %s and %s variants need a Redis: give --redis ADDR, or put redis-server on PATH", ErrConfig, VariantRedis, VariantRedisStrict)
 	}
 	if (c.Profile != nil || c.MutexProfile != nil) && !seenV[c.ProfileVariant] {
 		return fmt.Errorf("%w: --profile-variant %s is not among --variants", ErrConfig, c.ProfileVariant)

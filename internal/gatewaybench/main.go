@@ -23,7 +23,7 @@ const (
 	ExitUsage = 2 // bad flags
 )
 
-const usageSynopsis = "usage: llmgate bench gateway [--duration D] [--reps N] [--concurrency 1,16,64] [--variants direct,proxy,memory,redis]\n" +
+const usageSynopsis = "usage: llmgate bench gateway [--duration D] [--reps N] [--concurrency 1,16,64] [--variants direct,proxy,memory,redis,redis-strict]\n" +
 	"                             [--redis ADDR] [--stream=false] [--cpuprofile FILE] [--mutexprofile FILE] [--profile-variant V] [--json] [--out FILE]"
 
 // Main runs `llmgate bench gateway`; args are those after "gateway".
@@ -44,7 +44,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 	fs.DurationVar(&cfg.Duration, "duration", DefaultDuration, "how long each cell runs (each variant at each concurrency)")
 	fs.IntVar(&cfg.Reps, "reps", DefaultReps, "interleaved repetitions; medians are reported")
 	fs.StringVar(&concurrency, "concurrency", concurrency, "closed-loop `workers` of the cells, comma-separated")
-	fs.StringVar(&variants, "variants", variants, "what to measure, comma-separated: direct (required), proxy (httputil.ReverseProxy), memory and redis (llmgate on that store)")
+	fs.StringVar(&variants, "variants", variants, "what to measure, comma-separated: direct (required), proxy (httputil.ReverseProxy), memory and redis (llmgate on that store), redis-strict (on Redis with ratelimit.local_quota off)")
 	fs.StringVar(&cfg.Redis, "redis", "", "Redis for the redis variant: host:port or a redis:// URL (default: start a throw-away redis-server from PATH)")
 	fs.BoolVar(&cfg.Stream, "stream", true, "also run streamed requests at concurrency 1 and report the time to the first event")
 	fs.Int64Var(&cfg.MaxRequests, "max-requests", DefaultMaxRequests, "stop a cell after this many requests")
@@ -111,8 +111,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 		return bad("--max-requests must be at least 1, got %d", cfg.MaxRequests)
 	}
 	if cfg.Redis != "" {
-		if !slices.Contains(cfg.Variants, VariantRedis) {
-			return bad("--redis is given but the redis variant is not in --variants")
+		if !slices.ContainsFunc(cfg.Variants, onRedis) {
+			return bad("--redis is given but no redis variant is in --variants")
 		}
 		if !strings.Contains(cfg.Redis, "://") {
 			cfg.Redis = "redis://" + cfg.Redis
@@ -136,15 +136,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 		return bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
 	}
 
-	if slices.Contains(cfg.Variants, VariantRedis) && cfg.Redis == "" {
+	if slices.ContainsFunc(cfg.Variants, onRedis) && cfg.Redis == "" {
 		bin, err := redisServerPath()
 		switch {
 		case err != nil && set["variants"]:
-			return bad("the redis variant needs --redis ADDR or redis-server on PATH: %v", err)
+			return bad("the redis variants need --redis ADDR or redis-server on PATH: %v", err)
 		case err != nil:
 			// Not asked for by name: measure the rest.
-			fmt.Fprintln(stderr, "llmgate bench gateway: no redis-server on PATH and no --redis: skipping the redis variant")
-			cfg.Variants = slices.DeleteFunc(cfg.Variants, func(v string) bool { return v == VariantRedis })
+			fmt.Fprintln(stderr, "llmgate bench gateway: no redis-server on PATH and no --redis: skipping the redis variants")
+			cfg.Variants = slices.DeleteFunc(cfg.Variants, onRedis)
 		default:
 			r, err := startRedis(ctx, bin)
 			if err != nil {

@@ -121,10 +121,10 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 				return nil, err
 			}
 			b.endpoints[v] = &endpoint{url: base + chatPath}
-		case VariantMemory, VariantRedis:
+		case VariantMemory, VariantRedis, VariantRedisStrict:
 			store := "memory"
 			ep := &endpoint{}
-			if v == VariantRedis {
+			if onRedis(v) {
 				store = cfg.Redis
 				opt, err := storeurl.RedisOption(cfg.Redis)
 				if err != nil {
@@ -143,7 +143,7 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 			// Goroutines the gateway starts now (store clients) count
 			// as the gateway's in a profile.
 			pprof.Do(ctx, pprof.Labels("part", "gateway"), func(ctx context.Context) {
-				h, release, ferr = cfg.Factory(ctx, store, simBase)
+				h, release, ferr = cfg.Factory(ctx, v, store, simBase)
 			})
 			if ferr != nil {
 				return nil, fmt.Errorf("%w: llmgate on %s: %w", ErrSetup, v, ferr)

@@ -38,7 +38,7 @@ type fakeFactory struct {
 	wrap     func(http.Handler) http.Handler
 }
 
-func (f *fakeFactory) build(_ context.Context, store, upstream string) (http.Handler, func(), error) {
+func (f *fakeFactory) build(_ context.Context, _, store, upstream string) (http.Handler, func(), error) {
 	u, err := url.Parse(upstream)
 	if err != nil {
 		return nil, nil, err
