@@ -206,7 +206,7 @@ type Reservation struct {
 	Unchecked bool
 }
 
-// Record is the usage of one settled request.
+// Record is the usage of one settled request, or of several (Requests).
 type Record struct {
 	// Tenant is the reservation's tenant; Settle fills it in.
 	Tenant string
@@ -216,8 +216,11 @@ type Record struct {
 	// Deployment names the provider deployment (key + endpoint) that served
 	// the request; may be empty.
 	Deployment string
-	// Usage is what the provider reported.
+	// Usage is what the provider reported (summed, for several requests).
 	Usage Usage
+	// Requests is how many requests the record stands for, so that callers
+	// can record a batch of requests' usage at once. Zero means 1.
+	Requests int64
 	// MicroUSD is the cost. Zero means: compute it from the price table.
 	MicroUSD int64
 	// Time is when the request was settled; Settle fills it in if zero.

@@ -308,6 +308,12 @@ func (m *Manager) Settle(ctx context.Context, res Reservation, rec Record) (Sett
 	if err := rec.Usage.Validate(); err != nil {
 		return Settled{}, fmt.Errorf("settle %q: %w", res.ID, err)
 	}
+	if rec.Requests < 0 || rec.Requests > MaxAmount {
+		return Settled{}, fmt.Errorf("%w: settle %q: %d requests is out of range", ErrInvalid, res.ID, rec.Requests)
+	}
+	if rec.Requests == 0 {
+		rec.Requests = 1
+	}
 	if rec.MicroUSD < 0 || rec.MicroUSD > MaxAmount {
 		return Settled{}, fmt.Errorf("%w: settle %q: cost %d micro-dollars is out of range", ErrInvalid, res.ID, rec.MicroUSD)
 	}

@@ -76,6 +76,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"DenialChangesNothing", s.testDenialChangesNothing},
 		{"SettleChargesActual", s.testSettleChargesActual},
 		{"SettleIdempotent", s.testSettleIdempotent},
+		{"SettleSeveralRequests", s.testSettleSeveral},
 		{"ReserveRetrySameID", s.testReserveRetry},
 		{"ReleaseFrees", s.testRelease},
 		{"UnsettledReservationExpires", s.testExpiry},
@@ -369,6 +370,29 @@ func (s *suite) testSettleChargesActual(t *testing.T) {
 	wantStatus(t, m, b, e.clk.Now(), budget.Amount{Tokens: 3500, MicroUSD: 700 + 4000}, budget.Amount{}, 0)
 	if st := m.Stats(); st.Settled != 1 {
 		t.Fatalf("Stats().Settled = %d on this replica, want 1", st.Settled)
+	}
+}
+
+// testSettleSeveral: a record may stand for several requests (a batch of
+// usage recorded at once); its row counts them all, and spend is its tokens.
+func (s *suite) testSettleSeveral(t *testing.T) {
+	e := s.env(t, Start())
+	m := e.manager()
+	b := budget.Budget{Tenant: e.tenant, Period: budget.Day}
+	r := mustReserve(t, m, b, testModel, usage(0, 0))
+	mustSettle(t, m, r, budget.Record{Usage: usage(700, 300), Requests: 7, Deployment: "d", MicroUSD: 70})
+	r2 := mustReserve(t, m, b, testModel, usage(0, 0))
+	mustSettle(t, m, r2, budget.Record{Usage: usage(1, 1), Deployment: "d", MicroUSD: 1}) // Requests 0: one
+	wantStatus(t, m, b, e.clk.Now(), budget.Amount{Tokens: 1002, MicroUSD: 71}, budget.Amount{}, 0)
+	rows, err := m.Usage(ctxFor(t), e.tenant, r.Window.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Requests != 8 || rows[0].PromptTokens != 701 || rows[0].MicroUSD != 71 {
+		t.Fatalf("usage rows %+v; want one row of 8 requests, 701 prompt tokens, 71 µUSD", rows)
+	}
+	if _, err := m.Settle(ctxFor(t), r2, budget.Record{Usage: usage(1, 1), Requests: -1}); !errors.Is(err, budget.ErrInvalid) {
+		t.Fatalf("Settle with -1 requests = %v, want ErrInvalid", err)
 	}
 }
 

@@ -362,7 +362,7 @@ func (b *Backend) Settle(ctx context.Context, req budget.SettleRequest) (budget.
 		row = &budget.UsageRow{Model: rec.Model, Deployment: rec.Deployment}
 		w.rows[rk] = row
 	}
-	row.Requests++
+	row.Requests += max(rec.Requests, 1)
 	row.PromptTokens += rec.Usage.PromptTokens
 	row.CompletionTokens += rec.Usage.CompletionTokens
 	row.CachedTokens += rec.Usage.CachedTokens

@@ -223,7 +223,7 @@ func (b *Backend) sendBatch(ctx context.Context, keys []string, batch []*settleC
 	for _, c := range batch {
 		keep = max(keep, c.req.Keep.UnixMilli())
 	}
-	args := make([]string, 1, 1+8*len(batch))
+	args := make([]string, 1, 1+9*len(batch))
 	args[0] = itoa(keep)
 	for _, c := range batch {
 		rec := c.req.Record
@@ -233,6 +233,7 @@ func (b *Backend) sendBatch(ctx context.Context, keys []string, batch []*settleC
 			itoa(rec.Usage.PromptTokens), itoa(rec.Usage.CompletionTokens), itoa(rec.Usage.CachedTokens),
 			rowField(rec.Model, rec.Deployment),
 			itoa(max(c.req.Remember.Milliseconds(), 1)),
+			itoa(max(rec.Requests, 1)),
 		)
 	}
 	v, err := ints(settleScript.Exec(ctx, b.c, keys, args), 3*len(batch))

@@ -3,7 +3,7 @@
 --
 -- KEYS[1..5] totals, holds, expiry, settled, usage (see common.lua)
 -- ARGV[1] keep_ms      unix ms until which the window's keys are kept
--- then 8 values per settle, in order:
+-- then 9 values per settle, in order:
 --   id           reservation ID
 --   tokens       charge: tokens (prompt + completion)
 --   usd          charge: µUSD
@@ -12,6 +12,7 @@
 --   cached       cached tokens
 --   row          usage row ("<len(model)>:<model><deployment>")
 --   remember_ms  the ID is remembered as settled this long
+--   requests     how many requests the record stands for
 --
 -- A hold that expired or was released is gone, but the charge still
 -- applies: the provider billed the request.
@@ -22,7 +23,7 @@
 sweep()
 local out = {}
 local st, sm
-for i = 2, #ARGV, 8 do
+for i = 2, #ARGV, 9 do
   local id, row = ARGV[i], ARGV[i + 6]
   if redis.call('ZSCORE', KEYS[4], id) then
     if not st then st, sm = totals() end
@@ -31,7 +32,7 @@ for i = 2, #ARGV, 8 do
     free(id)
     st = redis.call('HINCRBY', KEYS[1], 'st', ARGV[i + 1])
     sm = redis.call('HINCRBY', KEYS[1], 'sm', ARGV[i + 2])
-    redis.call('HINCRBY', KEYS[5], 'n:' .. row, 1)
+    redis.call('HINCRBY', KEYS[5], 'n:' .. row, ARGV[i + 8])
     redis.call('HINCRBY', KEYS[5], 'p:' .. row, ARGV[i + 3])
     redis.call('HINCRBY', KEYS[5], 'c:' .. row, ARGV[i + 4])
     redis.call('HINCRBY', KEYS[5], 'k:' .. row, ARGV[i + 5])
