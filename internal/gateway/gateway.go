@@ -67,6 +67,13 @@ type Tenant struct {
 	Dedup bool
 }
 
+// capped reports whether t's spend is limited (a budget with a token or
+// money cap): its usage must then be recorded request by request.
+func (t *Tenant) capped() bool {
+	b := t.accountingBudget()
+	return b.Tokens != 0 || b.MicroUSD != 0
+}
+
 // accountingBudget is the budget t's usage is recorded under: its own, or
 // for a tenant without one an uncapped monthly one (usage is still
 // accounted).
@@ -151,6 +158,13 @@ type Options struct {
 	// requests renew it every half hold, so it bounds only how long a
 	// crashed replica pins capacity. Default DefaultReservationHold.
 	ReservationHold time.Duration
+	// UsageFlushInterval is how long the usage of tenants without a budget
+	// cap collects before it is recorded: one store call per tenant,
+	// window, model and deployment per interval instead of one per request
+	// (tenants with a cap are settled request by request). It bounds what a
+	// replica killed with -9 loses of such usage; Close records it all.
+	// Default DefaultUsageFlushInterval.
+	UsageFlushInterval time.Duration
 
 	// RateLimitFailClosed refuses requests (503) when the rate-limit store
 	// cannot be reached; the default admits them unchecked.
@@ -191,6 +205,8 @@ type Gateway struct {
 	byName   map[string]*deployment
 	// pending counts background settles; Close waits for them.
 	pending pendingWork
+	// usage batches the usage records of tenants without a budget cap.
+	usage usageBatch
 }
 
 // New returns a Gateway, or an error naming what is missing.
@@ -210,6 +226,7 @@ func New(opt Options) (*Gateway, error) {
 	positive(&opt.IdleTimeout, DefaultIdleTimeout)
 	positive(&opt.CompletionEstimate, DefaultCompletionEstimate)
 	positive(&opt.ReservationHold, DefaultReservationHold)
+	positive(&opt.UsageFlushInterval, DefaultUsageFlushInterval)
 	positive(&opt.DedupRetain, DefaultDedupRetain)
 	positive(&opt.IdempotencyTTL, DefaultIdempotencyTTL)
 	positive(&opt.CacheMaxTTL, DefaultCacheMaxTTL)
@@ -245,6 +262,7 @@ func New(opt Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = m
+	g.usage.g = g
 	seen := make(map[string]bool)
 	for i := range opt.Deployments {
 		d := &opt.Deployments[i]

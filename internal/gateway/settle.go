@@ -40,6 +40,10 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 				CachedTokens:     usage.Cached(),
 			},
 		}
+		if !c.tenant.capped() {
+			g.usage.add(res, rec) // nothing to enforce: recorded with others
+			return
+		}
 		s, err := g.settleBudget(ctx, res, rec)
 		if err != nil {
 			g.metrics.settleErrors.Inc()
@@ -116,6 +120,7 @@ func (g *Gateway) releaseBudget(res budget.Reservation) {
 // Close waits until every finished request has been recorded and the
 // limiter's unused local blocks are back in the store, or ctx ends.
 func (g *Gateway) Close(ctx context.Context) error {
+	g.usage.flushNow()
 	if err := g.pending.wait(ctx); err != nil {
 		return err
 	}

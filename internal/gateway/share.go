@@ -279,10 +279,5 @@ func (g *Gateway) recordFollower(c *call) {
 		return
 	}
 	res := budget.Reservation{ID: c.usageID(), Tenant: c.tenant.Name, Window: win, Model: c.priceModel()}
-	rec := budget.Record{Model: c.priceModel(), Deployment: followerDeployment}
-	g.background(settleTimeout, func(ctx context.Context) {
-		if _, err := g.opt.Budgets.Settle(ctx, res, rec); err != nil {
-			g.log.Warn("could not record a de-duplicated request in usage", "request_id", c.id, "err", err)
-		}
-	})
+	g.usage.add(res, budget.Record{Model: c.priceModel(), Deployment: followerDeployment})
 }
