@@ -177,29 +177,38 @@ func signature(r *Request) string {
 // (p is its pool, for noteStore); err is a store failure of the block request.
 func (q *localQuota) admit(ctx context.Context, r *Request) (d Decision, ok bool, p *pool, err error) {
 	sig := signature(r)
-	d, ok, p, refill := q.take(sig, r)
-	if ok {
-		return d, true, p, nil
-	}
-	if refill != nil {
-		// Another request is asking for this pool's next block: wait for it
-		// rather than send a store call of our own.
-		select {
-		case <-refill:
-		case <-ctx.Done():
-			return Decision{}, false, p, nil
-		}
-		if d, ok, p, _ = q.take(sig, r); ok {
+	// A few rounds at most: each either admits, waits for a block another
+	// request is fetching, or asks for one.
+	for range 3 {
+		var refill <-chan struct{}
+		if d, ok, p, refill = q.take(sig, r); ok {
 			return d, true, p, nil
 		}
+		n, mine := 0, chan struct{}(nil)
+		if refill == nil {
+			n, mine, refill = q.startRefill(p, r)
+		}
+		if refill != nil {
+			// Another request is asking for this pool's next block (or
+			// got it): wait for it rather than send a store call of our own.
+			select {
+			case <-refill:
+				continue
+			case <-ctx.Done():
+				return Decision{}, false, p, nil
+			}
+		}
+		if n < 2 {
+			return Decision{}, false, p, nil
+		}
+		d, ok, err = q.grant(ctx, p, r, n, mine)
+		return d, ok, p, err
 	}
-	n, mine := q.startRefill(p, r)
-	if n < 2 {
-		return Decision{}, false, p, nil
-	}
-	d, ok, err = q.grant(ctx, p, r, n, mine)
-	return d, ok, p, err
+	return Decision{}, false, p, nil
 }
+
+// closedChan is a channel that never blocks: "look again".
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // take admits r from p's block if it fits; otherwise it retires the block
 // and returns the pool (and its refill channel when a block request is in
@@ -278,24 +287,31 @@ func (q *localQuota) holdLocked(b *block, r *Request) Decision {
 }
 
 // startRefill sizes the block r should ask for; when it is worth one (2
-// requests or more) it marks p as refilling and returns the channel to close.
-func (q *localQuota) startRefill(p *pool, r *Request) (int, chan struct{}) {
+// requests or more) it marks p as refilling and returns the channel to
+// close. If another request got there first, it returns a channel to wait
+// on instead.
+func (q *localQuota) startRefill(p *pool, r *Request) (n int, mine chan struct{}, other <-chan struct{}) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if p.refill != nil || p.blk != nil || p.remaining == nil || len(p.remaining) != len(r.Charges) {
-		return 0, nil
+	switch {
+	case p.refill != nil:
+		return 0, nil, p.refill
+	case p.blk != nil:
+		return 0, nil, closedChan
+	case p.remaining == nil || len(p.remaining) != len(r.Charges):
+		return 0, nil, nil
 	}
-	n := int64(p.size)
+	size := int64(p.size)
 	for i, c := range r.Charges {
 		if c.Cost > 0 {
-			n = min(n, p.remaining[i]/(int64(q.cfg.Headroom)*c.Cost))
+			size = min(size, p.remaining[i]/(int64(q.cfg.Headroom)*c.Cost))
 		}
 	}
-	if n < 2 {
-		return 0, nil
+	if size < 2 {
+		return 0, nil, nil
 	}
 	p.refill = make(chan struct{})
-	return int(n), p.refill
+	return int(size), p.refill, nil
 }
 
 // grant asks the store for a block of n times r's costs and admits r from it.

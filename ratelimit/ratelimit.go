@@ -315,7 +315,6 @@ func normalize(r Request) (*Request, error) {
 		return nil, fmt.Errorf("%w: lane is not valid UTF-8", ErrInvalid)
 	}
 	r.Charges = append([]Charge(nil), r.Charges...)
-	seen := make(map[string]bool, len(r.Charges))
 	for i := range r.Charges {
 		c := &r.Charges[i]
 		if c.Scope == "" {
@@ -330,11 +329,11 @@ func normalize(r Request) (*Request, error) {
 		} else if c.Limit.Window%time.Microsecond != 0 {
 			return nil, fmt.Errorf("%w: %s window on %q is not a whole number of microseconds", ErrInvalid, c.Limit.Kind, c.Scope)
 		}
-		id := fmt.Sprintf("%d/%d/%s", c.Limit.Kind, c.Limit.Window, c.Scope)
-		if seen[id] {
-			return nil, fmt.Errorf("%w: two %s limits with the same window on %q", ErrInvalid, c.Limit.Kind, c.Scope)
+		for _, o := range r.Charges[:i] { // requests have a handful of charges
+			if o.Limit.Kind == c.Limit.Kind && o.Limit.Window == c.Limit.Window && o.Scope == c.Scope {
+				return nil, fmt.Errorf("%w: two %s limits with the same window on %q", ErrInvalid, c.Limit.Kind, c.Scope)
+			}
 		}
-		seen[id] = true
 		switch c.Limit.Kind {
 		case Requests, Concurrency:
 			if c.Cost == 0 {

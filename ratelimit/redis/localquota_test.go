@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -128,4 +129,54 @@ func TestLocalQuotaNeverExceedsAcrossReplicas(t *testing.T) {
 	if local == 0 {
 		t.Error("no request was admitted from a local block")
 	}
+}
+
+// BenchmarkAllow3LimitsLocal is BenchmarkAllow3Limits with a local quota:
+// most decisions are made from blocks, without a round trip. Each op is an
+// Allow and its Settle (blocks go back to Redis only once their requests
+// have settled).
+func BenchmarkAllow3LimitsLocal(b *testing.B) {
+	r := testutil.StartRedis(b)
+	l := ratelimit.New(redis.New(r.Client(b), redis.Config{}), ratelimit.WithLocalQuota(ratelimit.LocalQuota{}))
+	ctx := context.Background()
+	actual := []int64{1, 900, 1}
+	b.Cleanup(func() { _ = l.Close(ctx) })
+	// localShare reports the share of admissions made locally during f.
+	localShare := func(b *testing.B, f func()) {
+		before := l.Stats()
+		f()
+		after := l.Stats()
+		b.ReportMetric(float64(after.Local-before.Local)/float64(max(after.Admitted-before.Admitted, 1)), "local/op")
+	}
+	b.Run("serial", func(b *testing.B) {
+		localShare(b, func() {
+			for b.Loop() {
+				d, err := l.Allow(ctx, threeLimits())
+				if err != nil || !d.Allowed || d.Degraded {
+					b.Fatalf("Allow = %+v, %v", d, err)
+				}
+				if err := l.Settle(ctx, d.ID, actual); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	})
+	b.Run("parallel16", func(b *testing.B) {
+		b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
+		localShare(b, func() {
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					d, err := l.Allow(ctx, threeLimits())
+					if err != nil || !d.Allowed || d.Degraded {
+						b.Errorf("Allow = %+v, %v", d, err)
+						return
+					}
+					if err := l.Settle(ctx, d.ID, actual); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	})
 }
