@@ -2,136 +2,208 @@
 --
 -- Every key lives under B = KEYS[1] = "<prefix>{<group>}", one Cluster slot:
 --   B:s                hash  shared state, read and written in one call per decision:
---                            b:<scope>:<r|t>:<window_us> -> rate bucket "level updated_us"
---                            cd:<scope> -> cooldown end (µs)
+--                            b:<scope>:<r|t>:<window_us> -> rate bucket: level and updated_us,
+--                              two little-endian doubles (struct '<dd', 16 bytes)
+--                            cd:<scope> -> cooldown end (µs, decimal)
 --                      A bucket's stored level only matters until it has refilled; a stale
 --                      field reads as a full bucket. Fields number one per configured limit.
 --   B:c:<scope>        zset  concurrency permits: member = reservation id, score = expiry (ms)
 --   B:q:<lane>         zset  waiters: member = request id, score = priority * 1e13 + arrival seq
 --   B:ql:<lane>        zset  waiters' leases: member = request id, score = expiry (ms)
---   B:e:<id>           string a queued request's spec (JSON)
---   B:r:<id>           string reservation "state\nspec\ndecision", state 0 held / 1 settled
+--   B:w:<id>           string a queued request's spec
+--   B:e:<id>           string the same, as JSON, from a version before the binary spec: read
+--                            and deleted, never written (it expires within its lease)
+--   B:r:<id>           string reservation: "h<spec><decision>" held (the spec says where it
+--                            ends), "s" settled
 --   B:n:<id>           list  wake-up of a waiter: its decision is pushed here
 --   B:bl:<scope>       set   lanes whose waiters are blocked on scope
 --   B:h:<lane>         hash  waiter id -> when it was last told it would fit (µs)
 --   B:seq              string arrival sequence
--- A spec is {"c": [[kind, scope, limit, window_us, burst, cost], ...], "h": hold_ms,
--- "l": lane, "x": defer_us} with kind "r" (requests), "t" (tokens) or "c"
--- (concurrency); defer_us is how far ahead of its tokens the request may be
--- admitted (it is then told to start later).
+-- A spec is binary, written by encodeSpec (redis.go) and read with struct.unpack, all
+-- little-endian: "S", n (uint16), hold_ms, defer_us (doubles), lane (uint32 length, bytes),
+-- then per charge: kind (1 byte: "r" requests, "t" tokens, "c" concurrency), scope, field
+-- and cooldown field (each uint32 length, bytes), limit, window_us, burst, cost (doubles).
+-- field names the limit: "b:<scope>:<kind>:<window_us>" (its bucket in B:s) or
+-- "c:<scope>"; the cooldown field is "cd:<scope>". Lengths let a scope or lane hold any
+-- bytes; doubles hold every amount up to 2^53 exactly. defer_us is how far ahead of its
+-- tokens the request may be admitted (it is then told to start later).
+-- Parsed (parse_spec), a spec is a flat array f: f[2] n, f[3] hold_ms, f[4] defer_us, f[5]
+-- lane, and charge i at k = 8 * i - 3: f[k+1] kind, f[k+2] scope, f[k+3] field, f[k+4]
+-- cooldown field, f[k+5] limit, f[k+6] window_us, f[k+7] burst, f[k+8] cost.
 -- A decision is the string "a w d r1 s1 r2 s2 ..." of integers: admitted (1|0),
 -- wait_us (when refused: -1 unknown; when admitted: how long to hold off before
 -- starting, for a deferred admission), index of the first refusing charge (0 none), then per
--- charge remaining and reset_ms. Integers, not JSON: cjson would print large
--- numbers with 14 significant digits. A wake-up list carries the waiter's
--- decision when it is admitted, or a hint "0 wait_us d" when it became the
--- first in its lane that cannot go yet.
+-- charge remaining and reset_ms. A wake-up list carries the waiter's decision when it is
+-- admitted, or a hint "0 wait_us d" when it became the first in its lane that cannot go yet.
+-- Upgrade: reservations ("state\n<JSON spec>\ndecision") and queued entries (B:e) written by
+-- the versions before the binary spec, and their "level updated_us" bucket fields, are still
+-- read (reservation, spec_of, new_bucket); the entries expire within their hold or lease.
+-- While both run, an older version reads the new bucket fields as full buckets, does not know
+-- the new reservations (its Settle says unknown; they expire within their hold) and drops the
+-- new waiters it meets from its lane walks (they queue again when they renew).
 -- Time comes from the server only.
 local MAXSCAN = 64  -- waiters examined per walk of a lane
 local MAXLANES = 32 -- lanes walked after a settle (the rest keep their mark for the next)
+-- Written out for specs and decisions of 1 to 4 charges, so that one call
+-- reads or prints all of it; longer ones go a charge at a time.
+local SPEC_HEAD, SPEC_CHARGE = '<c1HddI4c0', '<c1I4c0I4c0I4c0dddd'
+local SPEC_FORMAT = {
+  '<c1HddI4c0c1I4c0I4c0I4c0dddd',
+  '<c1HddI4c0c1I4c0I4c0I4c0ddddc1I4c0I4c0I4c0dddd',
+  '<c1HddI4c0c1I4c0I4c0I4c0ddddc1I4c0I4c0I4c0ddddc1I4c0I4c0I4c0dddd',
+  '<c1HddI4c0c1I4c0I4c0I4c0ddddc1I4c0I4c0I4c0ddddc1I4c0I4c0I4c0ddddc1I4c0I4c0I4c0dddd',
+}
+local DECISION_FORMAT = {'%d %d %d %d %d', '%d %d %d %d %d %d %d', '%d %d %d %d %d %d %d %d %d', '%d %d %d %d %d %d %d %d %d %d %d'}
 
 local function new_state(B)
   local t = redis.call('TIME')
-  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  return {B = B, now_us = us, now_ms = math.floor(us / 1000), buckets = {}, permits = {}, cooldowns = {}}
+  local us = t[1] * 1000000 + t[2]
+  return {B = B, now_us = us, now_ms = (us - us % 1000) / 1000,
+          buckets = {}, dirty = {}, permits = {}, held = {}, cooldowns = {}}
 end
 
--- limit_id names one limit: two limits of one kind on one scope (RPM and
--- RPD, say) differ by window.
-local function limit_id(c)
-  return c[1] .. ':' .. string.format('%d', c[4]) .. ':' .. c[2]
+-- parse_spec reads the binary spec that starts at pos of s (see above) into
+-- the array f, and sets f[6 + 8 * n] to the position after it.
+local function parse_spec(s, pos)
+  local lo, hi = string.byte(s, pos + 1, pos + 2)
+  local n = lo + 256 * hi
+  local fmt = SPEC_FORMAT[n]
+  local f
+  if fmt then
+    f = {struct.unpack(fmt, s, pos)}
+  else -- a charge at a time: one call's results are bounded by the Lua stack
+    f = {}
+    f[1], f[2], f[3], f[4], f[5], pos = struct.unpack(SPEC_HEAD, s, pos)
+    for i = 1, n do
+      local k = 8 * i - 3
+      f[k + 1], f[k + 2], f[k + 3], f[k + 4], f[k + 5], f[k + 6], f[k + 7], f[k + 8], pos =
+        struct.unpack(SPEC_CHARGE, s, pos)
+    end
+    f[6 + 8 * n] = pos
+  end
+  if f[1] ~= 'S' then error('ratelimit: malformed spec') end
+  return f
 end
 
-local function bucket_key(S, c)
-  return 'b:' .. c[2] .. ':' .. c[1] .. ':' .. string.format('%d', c[4])
+-- spec_of reads a queued entry's spec: binary, or JSON, written before it:
+-- {"c": [[kind, scope, limit, window_us, burst, cost], ...], "h": hold_ms, "l": lane, "x": defer_us}.
+-- A JSON spec has f.json set.
+local function spec_of(s)
+  if string.byte(s, 1) ~= 123 then return parse_spec(s, 1) end
+  local j = cjson.decode(s)
+  local f = {'S', #j.c, j.h, j.x or 0, j.l, json = true}
+  for i, c in ipairs(j.c) do
+    local k = 8 * i - 3
+    f[k + 1], f[k + 2], f[k + 5], f[k + 6], f[k + 7], f[k + 8] = c[1], c[2], c[3], c[4], c[5], c[6]
+    if c[1] == 'c' then
+      f[k + 3] = 'c:' .. c[2]
+    else
+      f[k + 3] = 'b:' .. c[2] .. ':' .. c[1] .. ':' .. string.format('%d', c[4])
+    end
+    f[k + 4] = 'cd:' .. c[2]
+  end
+  return f
 end
 
-local function new_bucket(S, c, key, v)
-  local rate = c[3] / c[4] -- units per µs
-  local burst = c[5]
+-- new_bucket makes the bucket of charge k of f from its stored value v.
+local function new_bucket(S, f, k, v)
+  local rate = f[k + 5] / f[k + 6] -- units per µs
+  local burst = f[k + 7]
   local level = burst
   if v then
-    local l, t = string.match(v, '^(%S+) (%d+)$')
-    if l then
-      level = tonumber(l) + (S.now_us - tonumber(t)) * rate
+    local l, t
+    if #v == 16 then
+      l, t = struct.unpack('<dd', v)
+    else -- "level updated_us", written before the binary levels
+      l, t = string.match(v, '^(%S+) (%d+)$')
+      l, t = tonumber(l), tonumber(t)
+    end
+    if l and t then
+      level = l + (S.now_us - t) * rate
       if level > burst then level = burst end
     end
   end
-  local b = {key = key, level = level, rate = rate, burst = burst, dirty = false}
-  S.buckets[key] = b
+  local b = {key = f[k + 3], level = level, rate = rate, burst = burst, dirty = false}
+  S.buckets[b.key] = b
   return b
 end
 
--- prefetch reads, in one call, every bucket and cooldown of spec that this
--- run has not read yet.
-local function prefetch(S, spec)
-  local fields, what = {}, {}
-  for _, c in ipairs(spec.c) do
-    if c[1] ~= 'c' then
-      local key = bucket_key(S, c)
-      if not S.buckets[key] and not what[key] then
-        fields[#fields + 1] = key
-        what[key] = c
+-- touch marks bucket b for flush.
+local function touch(S, b)
+  if not b.dirty then
+    b.dirty = true
+    S.dirty[#S.dirty + 1] = b
+  end
+end
+
+-- prefetch reads, in one call, every bucket and cooldown of f that this run
+-- has not read yet.
+local function prefetch(S, f)
+  local buckets, cds = S.buckets, S.cooldowns
+  local fields, want, m = {}, {}, 0
+  for i = 1, f[2] do
+    local k = 8 * i - 3
+    if f[k + 1] ~= 'c' then
+      local key = f[k + 3]
+      if not buckets[key] and not want[key] then
+        m = m + 1
+        fields[m], want[key] = key, k
       end
     end
-    if S.cooldowns[c[2]] == nil and not what['cd:' .. c[2]] then
-      fields[#fields + 1] = 'cd:' .. c[2]
-      what['cd:' .. c[2]] = c[2]
+    local cd = f[k + 4]
+    if not cds[cd] and not want[cd] then
+      m = m + 1
+      fields[m], want[cd] = cd, 0
     end
   end
-  if #fields == 0 then return end
+  if m == 0 then return end
   local vals = redis.call('HMGET', S.B .. ':s', unpack(fields))
-  for i, f in ipairs(fields) do
-    local x = what[f]
-    if type(x) == 'string' then
-      S.cooldowns[x] = tonumber(vals[i] or '0')
+  for i = 1, m do
+    local key, v = fields[i], vals[i]
+    local k = want[key]
+    if k ~= 0 then
+      new_bucket(S, f, k, v)
+    elseif v then
+      cds[key] = tonumber(v)
     else
-      new_bucket(S, x, f, vals[i])
+      cds[key] = 0
     end
   end
 end
 
-local function bucket(S, c)
-  local key = bucket_key(S, c)
-  local b = S.buckets[key]
+local function bucket(S, f, k)
+  local b = S.buckets[f[k + 3]]
   if b then return b end
-  return new_bucket(S, c, key, redis.call('HGET', S.B .. ':s', key))
+  return new_bucket(S, f, k, redis.call('HGET', S.B .. ':s', f[k + 3]))
 end
 
-local function permits(S, c)
-  local key = S.B .. ':c:' .. c[2]
+local function permits(S, f, k)
+  local key = S.B .. ':c:' .. f[k + 2]
   local p = S.permits[key]
   if p then return p end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', S.now_ms)
-  p = {key = key, count = redis.call('ZCARD', key), limit = c[3], hold = 0, free_at = nil}
+  p = {key = key, count = redis.call('ZCARD', key), limit = f[k + 5], hold = 0, free_at = nil}
   S.permits[key] = p
   return p
 end
 
-local function cooldown_end(S, scope)
-  local v = S.cooldowns[scope]
-  if v == nil then
-    v = tonumber(redis.call('HGET', S.B .. ':s', 'cd:' .. scope) or '0')
-    S.cooldowns[scope] = v
-  end
-  return v
-end
-
--- evaluate reports whether spec fits now. blocked holds "kind:scope" limits
--- that waiters ahead are stuck on; they refuse too, so nobody jumps the queue
--- on a limit. Returns ok, wait_us (-1 = unknown), first refusing index, and
--- the list of refusing charges.
-local function evaluate(S, spec, blocked)
-  prefetch(S, spec)
-  local ok, wait, first, refused = true, 0, 0, {}
+-- evaluate reports whether f fits now. blocked (or nil) holds the fields of
+-- limits that waiters ahead are stuck on; they refuse too, so nobody jumps the
+-- queue on a limit. Returns ok, wait_us (-1 = unknown), first refusing index,
+-- and the offsets k of the refusing charges (nil when ok).
+local function evaluate(S, f, blocked)
+  prefetch(S, f)
+  local buckets, cds, now_us = S.buckets, S.cooldowns, S.now_us
+  local ok, wait, first, refused = true, 0, 0, nil
   local deferable = true -- refused only for tokens not there yet
-  for i, c in ipairs(spec.c) do
+  for i = 1, f[2] do
+    local k = 8 * i - 3
     local w = nil
-    local cd = cooldown_end(S, c[2])
-    if cd > S.now_us then w, deferable = cd - S.now_us, false end
-    if blocked[limit_id(c)] then w, deferable = -1, false end
-    if c[1] == 'c' then
-      local p = permits(S, c)
+    local cd = cds[f[k + 4]] -- read by prefetch
+    if cd > now_us then w, deferable = cd - now_us, false end
+    if blocked and blocked[f[k + 3]] then w, deferable = -1, false end
+    if f[k + 1] == 'c' then
+      local p = permits(S, f, k)
       if p.count + 1 > p.limit then
         deferable = false
         -- Full: at the latest, a slot frees when the earliest permit that
@@ -144,104 +216,139 @@ local function evaluate(S, spec, blocked)
         if w == nil or (w >= 0 and need > w) then w = need end
       end
     else
-      local b = bucket(S, c)
-      if b.level < c[6] then
-        local need = (c[6] - b.level) / b.rate
+      local b = buckets[f[k + 3]] -- read by prefetch
+      local cost = f[k + 8]
+      if b.level < cost then
+        local need = (cost - b.level) / b.rate
         if w == nil or (w >= 0 and need > w) then w = need end
       end
     end
     if w ~= nil then
       ok = false
       if first == 0 then first = i end
-      refused[#refused + 1] = c
+      if refused then refused[#refused + 1] = k else refused = {k} end
       if w < 0 or wait < 0 then wait = -1 elseif w > wait then wait = w end
     end
   end
-  if ok then wait = 0 end
-  if not ok and deferable and wait >= 0 and wait <= (spec.x or 0) then
+  if ok then return true, 0, 0, nil end
+  if deferable and wait >= 0 and wait <= f[4] then
     -- Admit now, to start when the tokens exist: the bucket goes below
     -- zero by what it lends, so the schedule stays exact and wake-up
     -- latency costs no capacity.
-    return true, math.ceil(wait), 0, {}
+    return true, math.ceil(wait), 0, nil
   end
-  return ok, math.ceil(wait), first, refused
+  return false, math.ceil(wait), first, refused
 end
 
-local function charge(S, spec, id)
-  for _, c in ipairs(spec.c) do
-    if c[1] == 'c' then
-      local p = permits(S, c)
-      redis.call('ZADD', p.key, S.now_ms + spec.h, id)
+-- charge takes f's costs; evaluate(S, f) has read its buckets.
+local function charge(S, f, id)
+  local hold = f[3]
+  for i = 1, f[2] do
+    local k = 8 * i - 3
+    if f[k + 1] == 'c' then
+      local p = permits(S, f, k)
+      redis.call('ZADD', p.key, S.now_ms + hold, id)
       p.count = p.count + 1
-      if spec.h > p.hold then p.hold = spec.h end
+      if p.hold == 0 then S.held[#S.held + 1] = p end
+      if hold > p.hold then p.hold = hold end
     else
-      local b = bucket(S, c)
-      b.level = b.level - c[6]
-      b.dirty = true
+      local b = S.buckets[f[k + 3]]
+      b.level = b.level - f[k + 8]
+      touch(S, b)
     end
   end
 end
 
-local function decision(S, spec, ok, wait, first)
-  local a = 0
-  if ok then a = 1 end
-  local out = {string.format('%d %d %d', a, wait, first)}
-  for i, c in ipairs(spec.c) do
+-- decision prints the decision on f (see above). Remaining is floor(level)
+-- and reset ceil((burst - level) / rate / 1000), both at least 0, written
+-- as arithmetic (x - x % 1 is floor(x), exactly): calls cost more here.
+local function decision(S, f, ok, wait, first)
+  local n = f[2]
+  local o = {0, wait, first}
+  if ok then o[1] = 1 end
+  for i = 1, n do
+    local k = 8 * i - 3
     local rem, reset = 0, 0
-    if c[1] == 'c' then
-      local p = permits(S, c)
-      rem = math.max(p.limit - p.count, 0)
+    if f[k + 1] == 'c' then
+      local p = permits(S, f, k)
+      rem = p.limit - p.count
     else
-      local b = bucket(S, c)
-      rem = math.max(math.floor(b.level), 0)
-      reset = math.max(math.ceil((b.burst - b.level) / b.rate / 1000), 0)
+      local b = bucket(S, f, k)
+      local l = b.level
+      local y = (l - b.burst) / b.rate / 1000 -- -reset, unrounded
+      rem, reset = l - l % 1, y % 1 - y      -- floor(l), ceil(-y)
     end
-    out[i + 1] = string.format('%d %d', rem, reset)
+    if rem < 0 then rem = 0 end
+    if reset < 0 then reset = 0 end
+    o[2 + 2 * i], o[3 + 2 * i] = rem, reset
   end
+  local fmt = DECISION_FORMAT[n]
+  if fmt then
+    return string.format(fmt, o[1], o[2], o[3], o[4], o[5], o[6], o[7], o[8], o[9], o[10], o[11])
+  end
+  local out = {}
+  for i = 1, #o do out[i] = string.format('%d', o[i]) end
   return table.concat(out, ' ')
 end
 
 -- flush writes back, in one call, the buckets this run changed.
 local function flush(S)
-  local args = {}
-  for _, b in pairs(S.buckets) do
-    if b.dirty then
-      args[#args + 1] = b.key
-      args[#args + 1] = string.format('%.17g %d', b.level, S.now_us)
+  local dirty = S.dirty
+  if #dirty > 0 then
+    local args = {}
+    for i = 1, #dirty do
+      local b = dirty[i]
+      args[2 * i - 1], args[2 * i] = b.key, struct.pack('<dd', b.level, S.now_us)
       b.dirty = false
     end
-  end
-  if #args > 0 then
+    S.dirty = {}
     redis.call('HSET', S.B .. ':s', unpack(args))
   end
-  for _, p in pairs(S.permits) do
-    if p.hold > 0 and redis.call('PTTL', p.key) < p.hold + 1000 then
+  for i = 1, #S.held do
+    local p = S.held[i]
+    if redis.call('PTTL', p.key) < p.hold + 1000 then
       redis.call('PEXPIRE', p.key, p.hold + 1000)
     end
   end
+  S.held = {}
 end
 
-local function reserve(S, id, raw, spec, d)
-  redis.call('SET', S.B .. ':r:' .. id, '0\n' .. raw .. '\n' .. d, 'PX', spec.h)
+-- reserve records the admission of raw (f, parsed) with decision d.
+local function reserve(S, id, raw, f, d)
+  if f.json then -- a waiter queued before the binary spec: the format of then
+    redis.call('SET', S.B .. ':r:' .. id, '0\n' .. raw .. '\n' .. d, 'PX', f[3])
+  else
+    redis.call('SET', S.B .. ':r:' .. id, 'h' .. raw .. d, 'PX', f[3])
+  end
 end
 
--- reservation returns state, spec (raw) and decision of reservation id.
+-- reservation returns the state of reservation id ('0' held, '1' settled,
+-- nil unknown), and when held its decision and spec.
 local function reservation(S, id)
   local v = redis.call('GET', S.B .. ':r:' .. id)
   if not v then return nil end
-  return string.match(v, '^(%d)\n(.*)\n([^\n]*)$')
+  local c = string.byte(v, 1)
+  if c == 104 then -- "h<spec><decision>"
+    local f = parse_spec(v, 2)
+    return '0', string.sub(v, f[6 + 8 * f[2]]), f
+  end
+  if c == 115 then return '1' end -- "s"
+  -- "state\nspec\ndecision", written before the binary spec.
+  local st, raw, d = string.match(v, '^(%d)\n(.*)\n([^\n]*)$')
+  if st == '0' then return st, d, spec_of(raw) end
+  return st, d
 end
 
 local function dequeue(S, lane, id)
   redis.call('ZREM', S.B .. ':q:' .. lane, id)
   redis.call('ZREM', S.B .. ':ql:' .. lane, id)
   redis.call('HDEL', S.B .. ':h:' .. lane, id)
-  redis.call('DEL', S.B .. ':e:' .. id)
+  redis.call('DEL', S.B .. ':w:' .. id, S.B .. ':e:' .. id)
 end
 
 -- hint tells the first waiter of a lane that cannot go yet when it will fit,
 -- so it sleeps exactly that long; it is told again only if that time moves.
-local function hint(S, lane, id, spec, wait, first)
+local function hint(S, lane, id, f, wait, first)
   local hk = S.B .. ':h:' .. lane
   local target = S.now_us + wait
   local prev = tonumber(redis.call('HGET', hk, id) or '0')
@@ -250,7 +357,7 @@ local function hint(S, lane, id, spec, wait, first)
   redis.call('PEXPIRE', hk, 60000)
   local nk = S.B .. ':n:' .. id
   redis.call('RPUSH', nk, string.format('0 %d %d', wait, first))
-  redis.call('PEXPIRE', nk, spec.h)
+  redis.call('PEXPIRE', nk, f[3])
 end
 
 -- walk admits, in order, every waiter of lane that fits, and wakes each on
@@ -261,35 +368,36 @@ local function walk(S, lane, self)
   local ids = redis.call('ZRANGE', q, 0, MAXSCAN - 1)
   local blocked, mine, headed = {}, nil, false
   for _, id in ipairs(ids) do
-    local raw = redis.call('GET', S.B .. ':e:' .. id)
+    local raw = redis.call('GET', S.B .. ':w:' .. id)
+    if not raw then raw = redis.call('GET', S.B .. ':e:' .. id) end -- queued before the binary spec
     if not raw or tonumber(redis.call('ZSCORE', ql, id) or '0') <= S.now_ms then
       dequeue(S, lane, id) -- a waiter that died (or gave up) while queued
     else
-      local spec = cjson.decode(raw)
-      local ok, wait, first, refused = evaluate(S, spec, blocked)
+      local f = spec_of(raw)
+      local ok, wait, first, refused = evaluate(S, f, blocked)
       if ok then
-        charge(S, spec, id)
-        local d = decision(S, spec, true, wait, 0)
+        charge(S, f, id)
+        local d = decision(S, f, true, wait, 0)
         dequeue(S, lane, id)
-        reserve(S, id, raw, spec, d)
+        reserve(S, id, raw, f, d)
         if id == self then
           mine = {true, d, 0}
         else
           local nk = S.B .. ':n:' .. id
           redis.call('RPUSH', nk, d)
-          redis.call('PEXPIRE', nk, spec.h)
+          redis.call('PEXPIRE', nk, f[3])
         end
       else
-        for _, c in ipairs(refused) do
-          blocked[limit_id(c)] = true
-          local bl = S.B .. ':bl:' .. c[2]
+        for _, k in ipairs(refused) do
+          blocked[f[k + 3]] = true
+          local bl = S.B .. ':bl:' .. f[k + 2]
           redis.call('SADD', bl, lane)
           redis.call('PEXPIRE', bl, 60000)
         end
         if id == self then
-          mine = {false, decision(S, spec, false, wait, first), wait}
+          mine = {false, decision(S, f, false, wait, first), wait}
         elseif not headed and wait > 0 then
-          hint(S, lane, id, spec, wait, first)
+          hint(S, lane, id, f, wait, first)
         end
         headed = true
       end
@@ -298,40 +406,55 @@ local function walk(S, lane, self)
   return mine
 end
 
--- settle applies the real costs (actual = nil refunds everything), frees
--- permits and then walks the lanes that may now have room.
+-- settle applies the real costs (actual = nil refunds everything; else
+-- actual[i], a decimal string, replaces charge i's cost), frees permits and
+-- then walks the lanes that may now have room: its own and those blocked on
+-- its scopes.
 -- Returns 0 unknown reservation, 1 settled, 2 already settled.
 local function settle(S, id, actual)
-  local rk = S.B .. ':r:' .. id
-  local st, raw, d = reservation(S, id)
+  local st, _, f = reservation(S, id)
   if not st then return 0 end
   if st == '1' then return 2 end
-  local spec = cjson.decode(raw)
-  local lanes, seen = {spec.l}, {[spec.l] = true}
-  for i, c in ipairs(spec.c) do
-    if c[1] == 'c' then
-      redis.call('ZREM', S.B .. ':c:' .. c[2], id)
-      S.permits[S.B .. ':c:' .. c[2]] = nil
+  prefetch(S, f)
+  local marks, scanned = {}, {} -- B:bl:<scope>, once per scope
+  for i = 1, f[2] do
+    local k = 8 * i - 3
+    local scope = f[k + 2]
+    if f[k + 1] == 'c' then
+      redis.call('ZREM', S.B .. ':c:' .. scope, id)
+      S.permits[S.B .. ':c:' .. scope] = nil
     else
+      local cost = f[k + 8]
       local a = 0
-      if actual then a = tonumber(actual[i] or c[6]) end
-      local b = bucket(S, c)
-      b.level = b.level - (a - c[6])
+      if actual then a = tonumber(actual[i] or cost) end
+      local b = S.buckets[f[k + 3]] -- read by prefetch
+      b.level = b.level - (a - cost)
       if b.level > b.burst then b.level = b.burst end
-      b.dirty = true
+      touch(S, b)
     end
-    local bl = S.B .. ':bl:' .. c[2]
-    for _, lane in ipairs(redis.call('SMEMBERS', bl)) do
-      if not seen[lane] and #lanes < MAXLANES then
-        lanes[#lanes + 1] = lane
-        seen[lane] = true
-        redis.call('SREM', bl, lane)
-      end
+    if not scanned[scope] then
+      scanned[scope] = true
+      marks[#marks + 1] = S.B .. ':bl:' .. scope
     end
   end
-  redis.call('SET', rk, '1\n' .. raw .. '\n' .. d, 'KEEPTTL')
-  for _, lane in ipairs(lanes) do
-    walk(S, lane, nil)
+  redis.call('SET', S.B .. ':r:' .. id, 's', 'KEEPTTL')
+  -- One call finds the usual case: nobody waits in the lane and no lane is
+  -- blocked on these scopes, so there is nothing to walk.
+  local lane = f[5]
+  if redis.call('EXISTS', S.B .. ':q:' .. lane, unpack(marks)) > 0 then
+    local lanes, seen = {lane}, {[lane] = true}
+    for j = 1, #marks do
+      for _, l in ipairs(redis.call('SMEMBERS', marks[j])) do
+        if not seen[l] and #lanes < MAXLANES then
+          lanes[#lanes + 1] = l
+          seen[l] = true
+          redis.call('SREM', marks[j], l)
+        end
+      end
+    end
+    for i = 1, #lanes do
+      walk(S, lanes[i], nil)
+    end
   end
   flush(S)
   return 1

@@ -11,9 +11,10 @@ package redis
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -78,28 +79,73 @@ func New(c rueidis.Client, cfg Config) *Backend {
 	return &Backend{c: c, base: cfg.Prefix + "{" + cfg.Group + "}"}
 }
 
-// spec is a request as the scripts see it.
-type spec struct {
-	C [][]any `json:"c"` // [kind, scope, limit, window_us, burst, cost]
-	H int64   `json:"h"` // hold ms
-	L string  `json:"l"` // lane
-	X int64   `json:"x"` // defer µs
-}
-
+// encodeSpec encodes r as the scripts' binary spec (see lib.lua): a header,
+// then per charge its kind, scope, the fields the scripts read for it and its
+// amounts. Lengths, not separators, delimit the strings, so a scope may hold
+// any bytes; the field names are built here so that the scripts do not.
 func encodeSpec(r *ratelimit.Request) (string, error) {
-	s := spec{H: max(r.Hold.Milliseconds(), 1), L: r.Lane, X: max(r.Defer.Microseconds(), 0), C: make([][]any, len(r.Charges))}
-	for i, c := range r.Charges {
-		kind := "c"
+	if len(r.Charges) > math.MaxUint16 {
+		return "", fmt.Errorf("%w: %d charges, at most %d", ratelimit.ErrInvalid, len(r.Charges), math.MaxUint16)
+	}
+	size := 1 + 2 + 8 + 8 + 4 + len(r.Lane)
+	for _, c := range r.Charges {
+		// kind, three lengths, the scope in each string, "b:" ":k:" and the
+		// window's digits, "cd:", four doubles.
+		size += 1 + 3*4 + 3*len(c.Scope) + 2 + 3 + 20 + 3 + 4*8
+	}
+	b := make([]byte, 0, size)
+	b = append(b, 'S')
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(r.Charges)))
+	b = appendFloat(b, max(r.Hold.Milliseconds(), 1))
+	b = appendFloat(b, max(r.Defer.Microseconds(), 0))
+	b = appendString(b, r.Lane)
+	for _, c := range r.Charges {
+		kind := byte('c')
 		switch c.Limit.Kind {
 		case ratelimit.Requests:
-			kind = "r"
+			kind = 'r'
 		case ratelimit.Tokens:
-			kind = "t"
+			kind = 't'
 		}
-		s.C[i] = []any{kind, c.Scope, c.Limit.Limit, c.Limit.Window.Microseconds(), c.Limit.Burst, c.Cost}
+		window := c.Limit.Window.Microseconds()
+		b = append(b, kind)
+		b = appendString(b, c.Scope)
+		// The limit's field: "b:<scope>:<kind>:<window_us>", its bucket in
+		// B:s, or "c:<scope>".
+		if kind == 'c' {
+			b = binary.LittleEndian.AppendUint32(b, uint32(2+len(c.Scope)))
+			b = append(b, "c:"...)
+			b = append(b, c.Scope...)
+		} else {
+			var w [20]byte
+			ws := strconv.AppendInt(w[:0], window, 10)
+			b = binary.LittleEndian.AppendUint32(b, uint32(2+len(c.Scope)+3+len(ws)))
+			b = append(b, "b:"...)
+			b = append(b, c.Scope...)
+			b = append(b, ':', kind, ':')
+			b = append(b, ws...)
+		}
+		// The scope's cooldown field in B:s.
+		b = binary.LittleEndian.AppendUint32(b, uint32(3+len(c.Scope)))
+		b = append(b, "cd:"...)
+		b = append(b, c.Scope...)
+		b = appendFloat(b, c.Limit.Limit)
+		b = appendFloat(b, window)
+		b = appendFloat(b, c.Limit.Burst)
+		b = appendFloat(b, c.Cost)
 	}
-	b, err := json.Marshal(s)
-	return string(b), err
+	return string(b), nil
+}
+
+// appendFloat appends n as a little-endian double: exact up to 2^53, which
+// bounds every amount (ratelimit.MaxAmount).
+func appendFloat(b []byte, n int64) []byte {
+	return binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(n)))
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+	return append(b, s...)
 }
 
 // decode parses a decision "a w d r1 s1 r2 s2 ..." (see lib.lua), or a
@@ -216,8 +262,17 @@ func (b *Backend) Await(ctx context.Context, r *ratelimit.Request, timeout time.
 	return d, err == nil && d.Allowed, err
 }
 
-func (b *Backend) settle(ctx context.Context, id, actual, lane string) error {
-	n, err := settleScript.Exec(ctx, b.c, []string{b.base}, []string{id, actual, lane}).AsInt64()
+// settle runs settle.lua: actual nil refunds everything.
+func (b *Backend) settle(ctx context.Context, id string, actual []int64, lane string) error {
+	args := make([]string, 3, 3+len(actual))
+	args[0], args[2] = id, lane
+	if actual != nil {
+		args[1] = "s"
+		for _, a := range actual {
+			args = append(args, strconv.FormatInt(a, 10))
+		}
+	}
+	n, err := settleScript.Exec(ctx, b.c, []string{b.base}, args).AsInt64()
 	if err != nil {
 		return unavailable("settle", err)
 	}
@@ -229,19 +284,12 @@ func (b *Backend) settle(ctx context.Context, id, actual, lane string) error {
 
 // Abandon takes r out of its lane, refunding it if it was admitted meanwhile.
 func (b *Backend) Abandon(ctx context.Context, r *ratelimit.Request) error {
-	return b.settle(ctx, r.ID, "", r.Lane)
+	return b.settle(ctx, r.ID, nil, r.Lane)
 }
 
 // Settle applies the real costs; nil actual refunds everything.
 func (b *Backend) Settle(ctx context.Context, id string, actual []int64) error {
-	if actual == nil {
-		return b.settle(ctx, id, "", "")
-	}
-	raw, err := json.Marshal(actual)
-	if err != nil {
-		return err
-	}
-	return b.settle(ctx, id, string(raw), "")
+	return b.settle(ctx, id, actual, "")
 }
 
 // Extend keeps an unsettled reservation alive for hold from now.

@@ -604,7 +604,7 @@ func TestKilledWaiterDoesNotPin(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustAllow(t, ctx, holder, one(scope, conc(1), 1), "permit after everyone")
-			if n := r.Int(t, "EXISTS", laneKey(scope), base+":ql:"+scope, base+":e:"+deadID); n != 0 {
+			if n := r.Int(t, "EXISTS", laneKey(scope), base+":ql:"+scope, base+":w:"+deadID, base+":e:"+deadID); n != 0 {
 				t.Fatalf("%d lane keys left behind", n)
 			}
 		})
@@ -1101,8 +1101,10 @@ func TestNothingLeftBehind(t *testing.T) {
 			t.Errorf("lane keys left: %q", left)
 		}
 	}
-	if left := keys(t, c, base+":e:*"); len(left) > 0 {
-		t.Errorf("waiter entries left: %q", left)
+	for _, pattern := range []string{base + ":w:*", base + ":e:*"} {
+		if left := keys(t, c, pattern); len(left) > 0 {
+			t.Errorf("waiter entries left: %q", left)
+		}
 	}
 	if left := keys(t, c, base+":n:*"); len(left) > 0 {
 		t.Errorf("wake-up lists left (they expire after the request's Hold): %q", left)
