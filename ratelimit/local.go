@@ -45,6 +45,11 @@ const (
 // back to the store already, so it was settled.
 const localPrefix = "local-"
 
+// returnMargin is how much longer than a block's deadline its store
+// reservation lives: time for the block to go back before the store
+// forgets it (and keeps its estimate).
+const returnMargin = 30 * time.Second
+
 // WithLocalQuota lets the Limiter admit most requests without a store round
 // trip. When a request finds no block for its set of limits, the Limiter
 // asks the store, in the usual one atomic decision, for a block of several
@@ -107,13 +112,15 @@ type pool struct {
 type block struct {
 	id          string // the store reservation
 	p           *pool
-	n, admitted int     // requests it was sized for; requests it admitted
-	left        []int64 // per charge, not handed out yet
-	used        []int64 // per charge, real costs of settled requests plus estimates of the others
-	outstanding int     // admitted and not settled
-	until       time.Time
-	retired     bool // admits no more
-	returned    bool // settled in the store
+	n, admitted int         // requests it was sized for; requests it admitted
+	left        []int64     // per charge, not handed out yet
+	used        []int64     // per charge, real costs of settled requests plus estimates of the others
+	outstanding int         // admitted and not settled
+	until       time.Time   // admits until then
+	deadline    time.Time   // goes back by then even with requests unsettled: their hold is over
+	lapse       clock.Timer // fires at deadline
+	retired     bool        // admits no more
+	returned    bool        // settled in the store
 	ids         []string
 	timer       clock.Timer
 }
@@ -316,7 +323,7 @@ func (q *localQuota) startRefill(p *pool, r *Request) (n int, mine chan struct{}
 
 // grant asks the store for a block of n times r's costs and admits r from it.
 func (q *localQuota) grant(ctx context.Context, p *pool, r *Request, n int, refill chan struct{}) (Decision, bool, error) {
-	br := &Request{ID: newID(), Lane: r.Lane, Priority: r.Priority, Hold: r.Hold + q.cfg.Window, Charges: make([]Charge, len(r.Charges))}
+	br := &Request{ID: newID(), Lane: r.Lane, Priority: r.Priority, Hold: r.Hold + q.cfg.Window + returnMargin, Charges: make([]Charge, len(r.Charges))}
 	for i, c := range r.Charges {
 		br.Charges[i] = c
 		br.Charges[i].Cost = c.Cost * int64(n)
@@ -339,6 +346,7 @@ func (q *localQuota) grant(ctx context.Context, p *pool, r *Request, n int, refi
 	p.blk = b
 	q.learnLocked(p, bd)
 	b.timer = q.clk.AfterFunc(q.cfg.Window, func() { q.expire(b) })
+	q.lapseAtLocked(b, now.Add(r.Hold+q.cfg.Window))
 	return q.holdLocked(b, r), true, nil
 }
 
@@ -391,6 +399,33 @@ func (q *localQuota) retireLocked(b *block) *block {
 	return nil
 }
 
+// lapseAtLocked makes b go back to the store at t at the latest: requests
+// admitted from it that are still unsettled then count at their estimates,
+// as an unsettled reservation's estimate stands in the store once its hold
+// is over. Without it, callers that never settle would strand the unused
+// part of every block.
+func (q *localQuota) lapseAtLocked(b *block, t time.Time) {
+	if !t.After(b.deadline) {
+		return
+	}
+	if b.lapse != nil {
+		b.lapse.Stop()
+	}
+	b.deadline = t
+	b.lapse = q.clk.AfterFunc(t.Sub(q.clk.Now()), func() {
+		q.mu.Lock()
+		ret := q.retireLocked(b)
+		if ret == nil && !b.returned {
+			b.returned = true
+			ret = b
+		}
+		q.mu.Unlock()
+		if ret != nil {
+			q.returnAsync(ret)
+		}
+	})
+}
+
 // expire ends b's window.
 func (q *localQuota) expire(b *block) {
 	q.mu.Lock()
@@ -428,6 +463,9 @@ func (q *localQuota) returnAsync(b *block) {
 func (q *localQuota) giveBack(ctx context.Context, b *block) {
 	q.mu.Lock()
 	used := append([]int64(nil), b.used...)
+	if b.lapse != nil {
+		b.lapse.Stop()
+	}
 	q.mu.Unlock()
 	err := q.b.Settle(ctx, b.id, used)
 	q.mu.Lock()
@@ -492,7 +530,15 @@ func (q *localQuota) extend(ctx context.Context, id string, hold time.Duration) 
 	case h.settled:
 		return true, ErrUnknownReservation
 	}
-	return true, q.b.Extend(ctx, h.blk.id, hold)
+	if err := q.b.Extend(ctx, h.blk.id, hold+returnMargin); err != nil {
+		return true, err
+	}
+	q.mu.Lock()
+	if !h.blk.returned {
+		q.lapseAtLocked(h.blk, q.clk.Now().Add(hold))
+	}
+	q.mu.Unlock()
+	return true, nil
 }
 
 // retireScope stops every block charging scope (a cooldown or a provider's

@@ -306,3 +306,35 @@ func TestLocalQuotaStaysOffNearALimit(t *testing.T) {
 		t.Errorf("%d store admissions, want 15", got)
 	}
 }
+
+// TestLocalQuotaUnsettledGoesBackAfterHold: requests that are never
+// settled count at their estimates once their hold is over, as in the
+// store, and the unused part of their block comes back then.
+func TestLocalQuotaUnsettledGoesBackAfterHold(t *testing.T) {
+	ctx := context.Background()
+	l, _, clk := newLocal(t, ratelimit.LocalQuota{Window: time.Second})
+	req := gatewayLike(1000, 1_000_000, 10)
+	req.Hold = time.Minute
+	const n = 10
+	for range n {
+		if d, err := l.Allow(ctx, req); err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	if l.Stats().Local == 0 {
+		t.Fatal("no block was taken")
+	}
+	clk.Advance(time.Second) // the window ends; its requests are still running
+	if got := probe(t, l, req, "probe-1"); got[0] >= 1000-n {
+		t.Fatalf("store has %v left with %d requests unsettled: the blocks went back too early", got, n)
+	}
+	clk.Advance(time.Minute)             // their hold is over: the blocks go back
+	if err := l.Close(ctx); err != nil { // waits for blocks going back
+		t.Fatal(err)
+	}
+	// 61s refilled 16.9 tokens and no request.
+	if got := probe(t, l, req, "probe-2"); got[0] != 1000-n || got[1] < 1_000_000-n*10+16 || got[1] > 1_000_000-n*10+17 {
+		t.Errorf("store has %v left, want %d requests and %d tokens: the estimates of the %d unsettled requests, no more",
+			got, 1000-n, 1_000_000-n*10+16, n)
+	}
+}

@@ -40,6 +40,7 @@ type AccuracyConfig struct {
 	Burst    int64 // bucket size; 0 means Rate
 	Duration time.Duration
 	Wait     bool // llmgate only: Wait in the queue until the end instead of Allow
+	Local    bool // llmgate only: a local quota, one Limiter per process
 	// Command is the program and arguments that run a worker process; the
 	// worker flags are appended. Default: this executable, "bench",
 	// "ratelimit" (the llmgate command line).
@@ -63,6 +64,8 @@ func (c AccuracyConfig) Validate() error {
 		return fmt.Errorf("%w: --duration must be positive and at most 1h, got %v", ErrConfig, c.Duration)
 	case c.Wait && c.Algo != AlgoLlmgate:
 		return fmt.Errorf("%w: --wait needs --algo %s", ErrConfig, AlgoLlmgate)
+	case c.Local && c.Algo != AlgoLlmgate:
+		return fmt.Errorf("%w: --local needs --algo %s", ErrConfig, AlgoLlmgate)
 	case storeurl.IsMemory(c.Store):
 		return fmt.Errorf("%w: --accuracy needs a Redis store shared by the processes", ErrConfig)
 	}
@@ -88,6 +91,7 @@ type AccuracyResult struct {
 	Rate        int64   `json:"rate"`
 	Burst       int64   `json:"burst"`
 	Wait        bool    `json:"wait"`
+	Local       bool    `json:"local_quota,omitempty"`
 	DurationS   float64 `json:"duration_s"` // first admitted call's start to the end (see Ideal)
 	Admitted    int64   `json:"admitted"`
 	Ideal       float64 `json:"ideal"`
@@ -130,6 +134,9 @@ func childArgs(cfg AccuracyConfig, key string) []string {
 		"--workers", strconv.Itoa(cfg.Workers)}
 	if cfg.Wait {
 		args = append(args, "--wait")
+	}
+	if cfg.Local {
+		args = append(args, "--local")
 	}
 	return args
 }
@@ -193,7 +200,7 @@ func Accuracy(ctx context.Context, cfg AccuracyConfig, stderr io.Writer) (*Accur
 	key := "ratebench-accuracy-" + newRunID()
 	res := &AccuracyResult{
 		Mode: "accuracy", Algo: cfg.Algo, Store: storeurl.Redact(cfg.Store), Procs: cfg.Procs, Workers: cfg.Workers,
-		Rate: cfg.Rate, Burst: cfg.Burst, Wait: cfg.Wait, StartedAt: time.Now().UTC().Format(time.RFC3339),
+		Rate: cfg.Rate, Burst: cfg.Burst, Wait: cfg.Wait, Local: cfg.Local, StartedAt: time.Now().UTC().Format(time.RFC3339),
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -298,7 +305,8 @@ func runChild(ctx context.Context, cfg AccuracyConfig, key string, stdin io.Read
 		newDecider = func() decider { return newGCRADecider(c, "ratebench:{"+key+"}", cfg.Rate, cfg.Burst, time.Second) }
 	default:
 		req := ratelimit.Request{Charges: []ratelimit.Charge{{Scope: key, Limit: lim, Cost: 1}}}
-		newDecider = func() decider { return newLimiterDecider(c, key, req, cfg.Wait, false) }
+		l := newLimiter(c, key, cfg.Local) // one per process: one replica
+		newDecider = func() decider { return newLimiterDecider(l, req, cfg.Wait, false) }
 	}
 	fmt.Fprintln(stdout, "ready")
 	line, err := bufio.NewReader(stdin).ReadString('\n')

@@ -62,9 +62,19 @@ func (d *limiterDecider) decide(ctx context.Context) (bool, error) {
 	return dec.Allowed, nil
 }
 
-// newLimiterDecider returns the llmgate decider for one limits setting on c.
-func newLimiterDecider(c rueidis.Client, group string, req ratelimit.Request, wait, settle bool) *limiterDecider {
-	d := &limiterDecider{l: ratelimit.New(rlredis.New(c, rlredis.Config{Group: group})), req: req, wait: wait}
+// newLimiter returns an llmgate limiter for group on c, with a local quota
+// (ratelimit.WithLocalQuota) when local is set.
+func newLimiter(c rueidis.Client, group string, local bool) *ratelimit.Limiter {
+	var opts []ratelimit.Option
+	if local {
+		opts = append(opts, ratelimit.WithLocalQuota(ratelimit.LocalQuota{}))
+	}
+	return ratelimit.New(rlredis.New(c, rlredis.Config{Group: group}), opts...)
+}
+
+// newLimiterDecider returns the llmgate decider for one limits setting on l.
+func newLimiterDecider(l *ratelimit.Limiter, req ratelimit.Request, wait, settle bool) *limiterDecider {
+	d := &limiterDecider{l: l, req: req, wait: wait}
 	if settle {
 		d.settle = make([]int64, len(req.Charges))
 		for i, c := range req.Charges {

@@ -22,8 +22,8 @@ const (
 	ExitUsage = 2 // bad flags
 )
 
-const usageSynopsis = "usage: llmgate bench ratelimit --store URL [--workers N] [--duration D] [--limits 1|2|3] [--settle] [--json]\n" +
-	"       llmgate bench ratelimit --store URL --accuracy [--procs N] [--workers N] [--rate R] [--burst B] [--duration D] [--algo llmgate|gcra] [--wait] [--json]"
+const usageSynopsis = "usage: llmgate bench ratelimit --store URL [--workers N] [--duration D] [--limits 1|2|3] [--settle] [--local] [--json]\n" +
+	"       llmgate bench ratelimit --store URL --accuracy [--procs N] [--workers N] [--rate R] [--burst B] [--duration D] [--algo llmgate|gcra] [--wait] [--local] [--json]"
 
 // hidden flags are left out of the usage text: they are how Main talks to
 // the worker processes it starts itself.
@@ -51,6 +51,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.Settle, "settle", false, "also Settle every admitted request (a request's whole store traffic)")
 	fs.BoolVar(&cfg.Baseline, "baseline", true, "also measure the GCRA baseline (redis_rate's algorithm, one limit) in the same run")
 	fs.BoolVar(&cfg.SharedClient, "shared-client", false, "all workers share one client (one gateway replica) instead of one each")
+	fs.BoolVar(&cfg.Local, "local", false, "llmgate with a local quota (ratelimit.WithLocalQuota): the workers share one Limiter, as in one gateway replica; with --accuracy, one per process")
 	fs.IntVar(&cfg.Pings, "ping", DefaultPings, "PINGs timed before and after the run (0: none)")
 	fs.Int64Var(&cfg.MaxOps, "max-ops", DefaultMaxOps, "stop after this many decisions per algorithm")
 	fs.DurationVar(&cfg.Hold, "hold", 0, "reservation hold (default ratelimit.DefaultHold)")
@@ -106,7 +107,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	acc.Store, acc.Duration, acc.Workers = cfg.Store, cfg.Duration, cfg.Workers
+	acc.Store, acc.Duration, acc.Workers, acc.Local = cfg.Store, cfg.Duration, cfg.Workers, cfg.Local
 	if (accuracy || child) && !set["workers"] {
 		acc.Workers = 1
 	}
@@ -192,8 +193,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func printResult(w io.Writer, r *Result) {
-	fmt.Fprintf(w, "rate limiter on %s: %d workers (shared client %v), %d limits per decision, settle %v, %.2fs\n",
-		r.Store, r.Workers, r.SharedClient, r.Limits, r.Settle, r.DurationS)
+	fmt.Fprintf(w, "rate limiter on %s: %d workers (shared client %v), %d limits per decision, settle %v, local quota %v, %.2fs\n",
+		r.Store, r.Workers, r.SharedClient, r.Limits, r.Settle, r.Local, r.DurationS)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(p *Phase) {
 		fmt.Fprintf(tw, "%s (%d limits)\t%.0f decisions/s\tp50 %.1fus\tp99 %.1fus\t%.2f round trips\t%.1f cmds, %.1fus in the server\t(%d admitted, %d denied, %d errors)\n",
@@ -217,6 +218,9 @@ func printAccuracy(w io.Writer, r *AccuracyResult) {
 	mode := "Allow"
 	if r.Wait {
 		mode = "Wait"
+	}
+	if r.Local {
+		mode += ", local quota"
 	}
 	fmt.Fprintf(w, "accuracy of %s (%s) on %s: %d processes x %d workers, %d/s, burst %d, %.2fs\n",
 		r.Algo, mode, r.Store, r.Procs, r.Workers, r.Rate, r.Burst, r.DurationS)

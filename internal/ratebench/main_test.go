@@ -67,6 +67,7 @@ func TestThroughputSmoke(t *testing.T) {
 		{"3 limits", nil, 1},
 		{"1 limit shared client", []string{"--limits", "1", "--shared-client"}, 1},
 		{"settle", []string{"--settle"}, 2},
+		{"local quota", []string{"--local", "--settle"}, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"--store", r.URL(), "--workers", "4", "--duration", "300ms", "--ping", "50", "--json"}, tc.args...)
@@ -81,11 +82,21 @@ func TestThroughputSmoke(t *testing.T) {
 			if m["errors"].(float64) != 0 || m["denied"].(float64) != 0 {
 				t.Errorf("errors or refusals: %s", out)
 			}
-			if rt := m["round_trips_per_decision"].(float64); rt != tc.roundTrips {
-				t.Errorf("round_trips_per_decision = %v, want %v", rt, tc.roundTrips)
-			}
-			if s := m["server_scripts_per_decision"].(float64); s != tc.roundTrips {
-				t.Errorf("server_scripts_per_decision = %v, want %v", s, tc.roundTrips)
+			if tc.roundTrips < 0 {
+				// Local quota: most decisions and settles make no round trip.
+				if rt := m["round_trips_per_decision"].(float64); rt <= 0 || rt >= 0.5 {
+					t.Errorf("round_trips_per_decision = %v with a local quota, want between 0 and 0.5", rt)
+				}
+				if m["local_quota"] != true {
+					t.Errorf("local_quota not reported: %s", out)
+				}
+			} else {
+				if rt := m["round_trips_per_decision"].(float64); rt != tc.roundTrips {
+					t.Errorf("round_trips_per_decision = %v, want %v", rt, tc.roundTrips)
+				}
+				if s := m["server_scripts_per_decision"].(float64); s != tc.roundTrips {
+					t.Errorf("server_scripts_per_decision = %v, want %v", s, tc.roundTrips)
+				}
 			}
 			b := m["baseline"].(map[string]any)
 			if b["algo"] != "gcra" || b["decisions_per_sec"].(float64) <= 0 || b["round_trips_per_decision"].(float64) != 1 {
@@ -114,6 +125,7 @@ func TestAccuracySmoke(t *testing.T) {
 	}{
 		{"llmgate allow", nil, 97},
 		{"llmgate wait", []string{"--wait", "--workers", "2"}, 97},
+		{"llmgate allow, local quota", []string{"--local", "--workers", "2"}, 97},
 		{"gcra", []string{"--algo", "gcra"}, 97},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

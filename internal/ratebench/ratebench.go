@@ -64,6 +64,7 @@ type Config struct {
 	Settle       bool          // also Settle every admitted request (two round trips)
 	Baseline     bool          // also measure the GCRA baseline
 	SharedClient bool          // all workers share one client
+	Local        bool          // llmgate with a local quota; the workers share one Limiter (one replica)
 	Pings        int           // PINGs timed before and after
 	MaxOps       int64         // upper bound on decisions per algorithm
 	Hold         time.Duration // reservation hold (0: ratelimit.DefaultHold)
@@ -123,6 +124,7 @@ type Result struct {
 	Store        string  `json:"store"` // password redacted
 	Workers      int     `json:"workers"`
 	SharedClient bool    `json:"shared_client"`
+	Local        bool    `json:"local_quota,omitempty"`
 	Settle       bool    `json:"settle"`
 	PingP50Us    float64 `json:"ping_p50_us"` // median of the PINGs before and after
 	Phase                // llmgate: its fields are the top-level figures
@@ -169,7 +171,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{
-		Store: storeurl.Redact(cfg.Store), Workers: cfg.Workers, SharedClient: cfg.SharedClient, Settle: cfg.Settle,
+		Store: storeurl.Redact(cfg.Store), Workers: cfg.Workers, SharedClient: cfg.SharedClient, Settle: cfg.Settle, Local: cfg.Local,
 		GoMaxProcs: runtime.GOMAXPROCS(0), StartedAt: time.Now().UTC().Format(time.RFC3339),
 	}
 	// Clients: one per worker (separate replicas), or one for all; plus
@@ -217,8 +219,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	run := newRunID()
 	req := requestFor(run, cfg.Limits, cfg.Hold)
 	llmgate := make([]decider, cfg.Workers)
+	var shared *ratelimit.Limiter
+	if cfg.Local {
+		shared = newLimiter(clientOf(0), "ratebench-"+run, true)
+		defer func() { _ = shared.Close(context.WithoutCancel(ctx)) }()
+	}
 	for w := range llmgate {
-		llmgate[w] = newLimiterDecider(clientOf(w), "ratebench-"+run, req, false, cfg.Settle)
+		l := shared
+		if l == nil {
+			l = newLimiter(clientOf(w), "ratebench-"+run, false)
+		}
+		llmgate[w] = newLimiterDecider(l, req, false, cfg.Settle)
 	}
 	ph, interrupted, err := measure(ctx, ctl, &sent, AlgoLlmgate, cfg.Limits, llmgate, cfg)
 	if err != nil {
