@@ -65,6 +65,7 @@ func newLocal(t *testing.T, q ratelimit.LocalQuota) (*ratelimit.Limiter, *counti
 
 // probe reads the store's remaining on every limit, before the probe's own
 // charge, with a request that cannot come from a block (it has its own ID).
+// A refused probe reads the limits as they are.
 func probe(t *testing.T, l *ratelimit.Limiter, req ratelimit.Request, id string) []int64 {
 	t.Helper()
 	req.ID = id
@@ -72,17 +73,19 @@ func probe(t *testing.T, l *ratelimit.Limiter, req ratelimit.Request, id string)
 		req.Charges[i].Cost = 0
 	}
 	d, err := l.Allow(context.Background(), req)
-	if err != nil || !d.Allowed {
+	if err != nil || len(d.Limits) != len(req.Charges) {
 		t.Fatalf("probe: %+v, %v", d, err)
 	}
-	if err := l.Refund(context.Background(), d.ID); err != nil {
-		t.Fatal(err)
+	if d.Allowed {
+		if err := l.Refund(context.Background(), d.ID); err != nil {
+			t.Fatal(err)
+		}
 	}
 	out := make([]int64, len(d.Limits))
 	for i, s := range d.Limits {
 		out[i] = s.Remaining
-		if s.Kind == ratelimit.Requests {
-			out[i]++ // the probe counts as one request
+		if s.Kind == ratelimit.Requests && d.Allowed {
+			out[i]++ // the probe counted as one request
 		}
 	}
 	return out
@@ -336,5 +339,101 @@ func TestLocalQuotaUnsettledGoesBackAfterHold(t *testing.T) {
 	if got := probe(t, l, req, "probe-2"); got[0] != 1000-n || got[1] < 1_000_000-n*10+16 || got[1] > 1_000_000-n*10+17 {
 		t.Errorf("store has %v left, want %d requests and %d tokens: the estimates of the %d unsettled requests, no more",
 			got, 1000-n, 1_000_000-n*10+16, n)
+	}
+}
+
+// TestLocalQuotaConcurrentMix: many goroutines admit, settle, refund and
+// extend at random while blocks end every few milliseconds and cooldowns
+// retire them; the limits are never exceeded, and once everything is
+// settled and the blocks are back, the store holds exactly what the
+// settles say.
+func TestLocalQuotaConcurrentMix(t *testing.T) {
+	ctx := context.Background()
+	b := memory.New(nil)
+	l := ratelimit.New(b, ratelimit.WithLocalQuota(ratelimit.LocalQuota{Window: 5 * time.Millisecond, MaxBlock: 16}))
+	const limit, tokenLimit = 3000, 1_500_000 // tokens bind first (700 each)
+	req := func() ratelimit.Request { return gatewayLike(limit, tokenLimit, 700) }
+	var (
+		admitted, refunded, tokens atomic.Int64
+		inUse                      atomic.Int64 // admitted and not refunded
+		tokensHeld                 atomic.Int64 // estimates of the unsettled, actuals of the settled
+		wg                         sync.WaitGroup
+	)
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 400 {
+				var d ratelimit.Decision
+				var err error
+				if (g+i)%5 == 0 {
+					wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+					d, err = l.Wait(wctx, req())
+					cancel()
+					if errors.Is(err, ratelimit.ErrLimited) {
+						continue
+					}
+				} else {
+					d, err = l.Allow(ctx, req())
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !d.Allowed {
+					continue
+				}
+				admitted.Add(1)
+				if n := inUse.Add(1); n > limit {
+					t.Errorf("%d requests hold the limit of %d", n, limit)
+				}
+				if n := tokensHeld.Add(700); n > tokenLimit {
+					t.Errorf("%d tokens held, over the limit of %d", n, tokenLimit)
+				}
+				switch i % 7 {
+				case 0:
+					inUse.Add(-1) // before the capacity can go back
+					tokensHeld.Add(-700)
+					if err := l.Refund(ctx, d.ID); err != nil {
+						t.Error(err)
+					}
+					refunded.Add(1)
+					continue
+				case 1:
+					if err := l.Extend(ctx, d.ID, time.Minute); err != nil {
+						t.Error(err)
+					}
+				}
+				used := int64(i % 700) // at most the estimate: more is the caller's overshoot, not the limiter's
+				tokensHeld.Add(used - 700) // before the capacity can go back
+				if err := l.Settle(ctx, d.ID, []int64{1, used, 1}); err != nil {
+					t.Error(err)
+				}
+				tokens.Add(used)
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 5 {
+			if _, err := l.Cooldown(ctx, "tenant:other", time.Millisecond); err != nil {
+				t.Error(err)
+			}
+			_, _ = l.Cooldown(ctx, scopeDep, time.Microsecond) // retires the blocks on it
+			time.Sleep(3 * time.Millisecond)                    // spread over the run, not synchronisation
+		}
+	})
+	wg.Wait()
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l.Stats().Local == 0 {
+		t.Error("no request was admitted from a block")
+	}
+	got := probe(t, l, req(), "probe")
+	n := admitted.Load() - refunded.Load()
+	// The window is long: refill is under one request and a few tokens.
+	want := []int64{limit - n, tokenLimit - tokens.Load(), limit - n}
+	for i := range want {
+		if got[i] < want[i] || got[i] > want[i]+2 {
+			t.Errorf("limit %d: store has %d left, want %d (admitted %d, refunded %d)", i, got[i], want[i], admitted.Load(), refunded.Load())
+		}
 	}
 }
