@@ -402,7 +402,7 @@ func TestLocalQuotaConcurrentMix(t *testing.T) {
 						t.Error(err)
 					}
 				}
-				used := int64(i % 700) // at most the estimate: more is the caller's overshoot, not the limiter's
+				used := int64(i % 700)     // at most the estimate: more is the caller's overshoot, not the limiter's
 				tokensHeld.Add(used - 700) // before the capacity can go back
 				if err := l.Settle(ctx, d.ID, []int64{1, used, 1}); err != nil {
 					t.Error(err)
@@ -417,7 +417,7 @@ func TestLocalQuotaConcurrentMix(t *testing.T) {
 				t.Error(err)
 			}
 			_, _ = l.Cooldown(ctx, scopeDep, time.Microsecond) // retires the blocks on it
-			time.Sleep(3 * time.Millisecond)                    // spread over the run, not synchronisation
+			time.Sleep(3 * time.Millisecond)                   // spread over the run, not synchronisation
 		}
 	})
 	wg.Wait()
