@@ -262,6 +262,9 @@ func New(opt Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = m
+	if err := reg.Register(newAdmissionCollector(opt.Limiter)); err != nil {
+		return nil, err
+	}
 	g.usage.g = g
 	seen := make(map[string]bool)
 	for i := range opt.Deployments {

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/llmgate/llmgate/internal/openai"
+	"github.com/llmgate/llmgate/ratelimit"
 )
 
 // metrics are the gateway's Prometheus series. Label values are bounded by
@@ -29,6 +30,27 @@ type metrics struct {
 	dedup         *prometheus.CounterVec
 	cache         *prometheus.CounterVec
 	settleErrors  prometheus.Counter
+}
+
+// admissionCollector reports the limiter's admissions by path: "local"
+// from a local quota block, "store" decided by the store.
+type admissionCollector struct {
+	l    *ratelimit.Limiter
+	desc *prometheus.Desc
+}
+
+func newAdmissionCollector(l *ratelimit.Limiter) *admissionCollector {
+	return &admissionCollector{l: l, desc: prometheus.NewDesc("llmgate_rate_limit_admissions_total",
+		"Requests admitted by the rate limits, by path: local (from a block this replica reserved in the store) or store (one store decision each).",
+		[]string{"path"}, nil)}
+}
+
+func (c *admissionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *admissionCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.l.Stats()
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(st.Local), "local")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(st.Admitted-st.Local), "store")
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
