@@ -76,6 +76,11 @@ func (c *call) priceModel() string {
 // serve runs the pipeline for one of the proxied POST endpoints.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoint) {
 	c := &call{id: setRequestID(w, r), start: time.Now(), outcome: "error"}
+	// Usage is recorded after the last byte went out (a stream's, a
+	// follower's): counted as pending work until the handler returns, so
+	// that Close, called once the client has its answer, waits for it.
+	g.pending.Add(1)
+	defer g.pending.Done()
 	defer g.record(r, c, ep)
 	ctx, cancel := context.WithTimeout(r.Context(), g.opt.RequestTimeout)
 	defer cancel()

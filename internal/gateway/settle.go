@@ -117,8 +117,9 @@ func (g *Gateway) releaseBudget(res budget.Reservation) {
 	})
 }
 
-// Close waits until every finished request has been recorded and the
-// limiter's unused local blocks are back in the store, or ctx ends.
+// Close waits until every request in progress has ended and been recorded
+// and the limiter's unused local blocks are back in the store, or ctx ends.
+// Stop the HTTP server first.
 func (g *Gateway) Close(ctx context.Context) error {
 	g.usage.flushNow()
 	if err := g.pending.wait(ctx); err != nil {
