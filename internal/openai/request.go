@@ -8,6 +8,8 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
+	"unicode/utf8"
 )
 
 // Endpoint is an API route the gateway proxies.
@@ -76,46 +78,162 @@ type wireRequest struct {
 	Messages, Tools, Functions, Input, Prompt json.RawMessage
 }
 
-// decode fills w from the members of a request object. It goes through a map
-// and not struct tags because encoding/json matches struct fields without
-// regard to case: {"stream":true,"STREAM":false} would read as false here
+// decode fills w from the members of a request object. It matches names
+// exactly and not the way encoding/json matches struct fields, without
+// regard to case: {"stream":true,"STREAM":false} would read as false there
 // while the provider, which matches names exactly, streams (and the gateway
-// would miss the stream's usage). With a map the gateway reads exactly the
-// members the provider reads; of duplicated names the last wins, as in the
-// provider's parser.
-func (w *wireRequest) decode(m map[string]json.RawMessage) *Error {
+// would miss the stream's usage). Of duplicated names the last wins, as in
+// the provider's parser; only the values kept are decoded.
+func (w *wireRequest) decode(obj []byte) *Error {
+	var model, stream, maxTokens, maxCompletion, n, temperature, streamOptions []byte
+	eachMember(obj, func(name string, v []byte) {
+		switch name {
+		case "model":
+			model = v
+		case "stream":
+			stream = v
+		case "max_tokens":
+			maxTokens = v
+		case "max_completion_tokens":
+			maxCompletion = v
+		case "n":
+			n = v
+		case "temperature":
+			temperature = v
+		case "stream_options":
+			streamOptions = v
+		case "messages":
+			w.Messages = v
+		case "tools":
+			w.Tools = v
+		case "functions":
+			w.Functions = v
+		case "input":
+			w.Input = v
+		case "prompt":
+			w.Prompt = v
+		}
+	})
+	if err := decodeString(model, "model", &w.Model); err != nil {
+		return err
+	}
+	if err := decodeBool(stream, "stream", &w.Stream); err != nil {
+		return err
+	}
 	for _, f := range [...]struct {
+		raw  []byte
 		name string
-		dst  any
-	}{
-		{"model", &w.Model}, {"stream", &w.Stream}, {"max_tokens", &w.MaxTokens},
-		{"max_completion_tokens", &w.MaxCompletionTokens}, {"n", &w.N}, {"temperature", &w.Temperature},
-	} {
-		if err := decodeMember(m, f.name, f.name, f.dst); err != nil {
+		dst  **int64
+	}{{maxTokens, "max_tokens", &w.MaxTokens}, {maxCompletion, "max_completion_tokens", &w.MaxCompletionTokens}, {n, "n", &w.N}} {
+		if err := decodeInt(f.raw, f.name, f.dst); err != nil {
 			return err
 		}
 	}
-	if raw := m["stream_options"]; !isNull(raw) {
-		var so map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &so); err != nil {
-			return typeError("stream_options", err)
+	if err := decodeFloat(temperature, "temperature", &w.Temperature); err != nil {
+		return err
+	}
+	if !isNull(streamOptions) {
+		if streamOptions[0] != '{' {
+			var so map[string]json.RawMessage
+			return typeError("stream_options", json.Unmarshal(streamOptions, &so))
 		}
-		if err := decodeMember(so, "include_usage", "stream_options.include_usage", &w.IncludeUsage); err != nil {
+		var includeUsage []byte
+		eachMember(streamOptions, func(name string, v []byte) {
+			if name == "include_usage" {
+				includeUsage = v
+			}
+		})
+		if err := decodeBool(includeUsage, "stream_options.include_usage", &w.IncludeUsage); err != nil {
 			return err
 		}
 	}
-	w.Messages, w.Tools, w.Functions = m["messages"], m["tools"], m["functions"]
-	w.Input, w.Prompt = m["input"], m["prompt"]
 	return nil
 }
 
-// decodeMember decodes m[name], when present, into dst; param names it in
-// the error.
-func decodeMember(m map[string]json.RawMessage, name, param string, dst any) *Error {
-	raw, ok := m[name]
-	if !ok {
+// The decode* functions read a member's raw value (nil: absent) into dst,
+// directly for the plain forms requests use, and through encoding/json
+// otherwise, so that values and errors are the ones it gives.
+
+func decodeString(raw []byte, param string, dst **string) *Error {
+	if raw == nil {
 		return nil
 	}
+	if len(raw) >= 2 && raw[0] == '"' && plainString(raw[1:len(raw)-1]) {
+		s := string(raw[1 : len(raw)-1])
+		*dst = &s
+		return nil
+	}
+	return decodeJSON(raw, param, dst)
+}
+
+// plainString reports whether s needs no unescaping or UTF-8 repair.
+func plainString(s []byte) bool {
+	for _, c := range s {
+		if c == '\\' || c == '"' || c < 0x20 || c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+func decodeBool(raw []byte, param string, dst **bool) *Error {
+	switch string(raw) {
+	case "":
+		return nil
+	case "true", "false":
+		v := raw[0] == 't'
+		*dst = &v
+		return nil
+	case "null":
+		*dst = nil
+		return nil
+	}
+	return decodeJSON(raw, param, dst)
+}
+
+func decodeInt(raw []byte, param string, dst **int64) *Error {
+	if raw == nil {
+		return nil
+	}
+	if len(raw) <= 18 && plainDigits(raw) {
+		v, err := strconv.ParseInt(string(raw), 10, 64)
+		if err == nil {
+			*dst = &v
+			return nil
+		}
+	}
+	return decodeJSON(raw, param, dst)
+}
+
+func plainDigits(b []byte) bool {
+	if len(b) > 0 && b[0] == '-' {
+		b = b[1:]
+	}
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+func decodeFloat(raw []byte, param string, dst **float64) *Error {
+	if raw == nil {
+		return nil
+	}
+	if len(raw) > 0 && (raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9') {
+		if v, err := strconv.ParseFloat(string(raw), 64); err == nil {
+			*dst = &v
+			return nil
+		}
+	}
+	return decodeJSON(raw, param, dst)
+}
+
+func decodeJSON(raw []byte, param string, dst any) *Error {
 	if err := json.Unmarshal(raw, dst); err != nil {
 		return typeError(param, err)
 	}
@@ -148,12 +266,12 @@ func ParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 	if trimmed[0] != '{' {
 		return nil, BadRequest("", "The request body must be a JSON object.")
 	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(trimmed, &m); err != nil {
-		return nil, decodeError(err)
+	if !json.Valid(trimmed) {
+		var m map[string]json.RawMessage // for the error it gives
+		return nil, decodeError(json.Unmarshal(trimmed, &m))
 	}
 	var w wireRequest
-	if err := w.decode(m); err != nil {
+	if err := w.decode(trimmed); err != nil {
 		return nil, err
 	}
 	r := &Request{Endpoint: ep, N: 1, Temperature: w.Temperature}
@@ -310,11 +428,16 @@ func appendMember(out, key []byte, val json.RawMessage, first bool) []byte {
 // so that the provider reports usage at the end of a stream: the client's
 // own options (raw, may be nil) with include_usage set to true.
 func StreamOptionsWithUsage(body []byte) (json.RawMessage, error) {
-	var m map[string]json.RawMessage // a map: names match exactly, as upstream
-	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, fmt.Errorf("openai: stream options: %w", err)
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' || !json.Valid(body) {
+		return nil, errors.New("openai: stream options: the body is not a JSON object")
 	}
-	so := m["stream_options"]
+	var so []byte // names match exactly, the last of duplicates wins: as upstream
+	eachMember(body, func(name string, v []byte) {
+		if name == "stream_options" {
+			so = v
+		}
+	})
 	if isNull(so) {
 		return json.RawMessage(`{"include_usage":true}`), nil
 	}

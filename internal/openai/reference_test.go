@@ -1,0 +1,176 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+// The map-based decoder ParseRequest used before its member scanner: the
+// reference the scanner must agree with.
+
+func (w *wireRequest) decodeReference(m map[string]json.RawMessage) *Error {
+	for _, f := range [...]struct {
+		name string
+		dst  any
+	}{
+		{"model", &w.Model}, {"stream", &w.Stream}, {"max_tokens", &w.MaxTokens},
+		{"max_completion_tokens", &w.MaxCompletionTokens}, {"n", &w.N}, {"temperature", &w.Temperature},
+	} {
+		if err := decodeMemberReference(m, f.name, f.name, f.dst); err != nil {
+			return err
+		}
+	}
+	if raw := m["stream_options"]; !isNull(raw) {
+		var so map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &so); err != nil {
+			return typeError("stream_options", err)
+		}
+		if err := decodeMemberReference(so, "include_usage", "stream_options.include_usage", &w.IncludeUsage); err != nil {
+			return err
+		}
+	}
+	w.Messages, w.Tools, w.Functions = m["messages"], m["tools"], m["functions"]
+	w.Input, w.Prompt = m["input"], m["prompt"]
+	return nil
+}
+
+// decodeMember decodes m[name], when present, into dst; param names it in
+// the error.
+func decodeMemberReference(m map[string]json.RawMessage, name, param string, dst any) *Error {
+	raw, ok := m[name]
+	if !ok {
+		return nil
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return typeError(param, err)
+	}
+	return nil
+}
+
+func parseRequestReference(ep Endpoint, body []byte) (*Request, *Error) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return nil, BadRequest("", "The request body is empty. The API expects a JSON object.")
+	}
+	if trimmed[0] != '{' {
+		return nil, BadRequest("", "The request body must be a JSON object.")
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &m); err != nil {
+		return nil, decodeError(err)
+	}
+	var w wireRequest
+	if err := w.decodeReference(m); err != nil {
+		return nil, err
+	}
+	r := &Request{Endpoint: ep, N: 1, Temperature: w.Temperature}
+	if w.Model == nil || *w.Model == "" {
+		return nil, BadRequest("model", "You must provide a model parameter.")
+	}
+	r.Model = *w.Model
+	if w.Stream != nil {
+		r.Stream = *w.Stream
+	}
+	if w.IncludeUsage != nil {
+		r.IncludeUsage = *w.IncludeUsage
+	}
+	for _, p := range []struct {
+		name string
+		v    *int64
+	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompletionTokens}} {
+		if p.v != nil && (*p.v < 1 || *p.v > 1<<40) {
+			return nil, BadRequest(p.name, "Invalid '%s': expected an integer >= 1, got %d.", p.name, *p.v)
+		}
+	}
+	switch {
+	case w.MaxCompletionTokens != nil:
+		r.MaxTokens = *w.MaxCompletionTokens
+	case w.MaxTokens != nil:
+		r.MaxTokens = *w.MaxTokens
+	}
+	if w.N != nil {
+		if *w.N < 1 || *w.N > MaxChoices {
+			return nil, BadRequest("n", "Invalid 'n': expected an integer from 1 to %d, got %d.", MaxChoices, *w.N)
+		}
+		r.N = *w.N
+	}
+	switch ep {
+	case ChatCompletions:
+		if isNull(w.Messages) {
+			return nil, BadRequest("messages", "Missing required parameter: 'messages'.")
+		}
+		if w.Messages[0] != '[' {
+			return nil, BadRequest("messages", "Invalid type for 'messages': expected an array of message objects.")
+		}
+		r.Messages = w.Messages
+		r.Tools = w.Tools
+		if isNull(r.Tools) {
+			r.Tools = w.Functions
+		}
+		if isNull(r.Tools) {
+			r.Tools = nil
+		}
+	case Completions:
+		if isNull(w.Prompt) {
+			return nil, BadRequest("prompt", "Missing required parameter: 'prompt'.")
+		}
+		r.Input = w.Prompt
+	case Embeddings:
+		if isNull(w.Input) {
+			return nil, BadRequest("input", "Missing required parameter: 'input'.")
+		}
+		if r.Stream {
+			return nil, BadRequest("stream", "Embeddings cannot be streamed.")
+		}
+		r.Input = w.Input
+	}
+	return r, nil
+}
+
+// FuzzParseRequestMatchesReference: ParseRequest reads exactly what the
+// map-based decoder it replaced read, and refuses with the same error.
+func FuzzParseRequestMatchesReference(f *testing.F) {
+	for _, s := range requestSeeds {
+		f.Add(uint8(ChatCompletions), []byte(s))
+	}
+	for _, s := range []string{
+		`{"model":"m","messages":[],"stream":true,"STREAM":false,"stream":null}`,
+		`{"mod\u0065l":"x","messages":[{"a":"}]"}],"n":2,"n":"2"}`,
+		`{"model":"caf\u00e9","messages":[],"temperature":1e400}`,
+		`{"model":"m","messages":[],"max_tokens":1.5}`,
+		`{"model":"m","messages":[],"max_tokens":-0,"n":00}`,
+		`{"model":"m","messages":[],"stream_options":"x"}`,
+		`{"model":"m","messages":[],"stream_options":{"include_usage":1,"include_usage":true}}`,
+		"{\"model\":\"\xff\",\"messages\":[]}",
+		`{"model":"m","messages":[] ,"temperature": -0.0 , "max_tokens" : 99999999999999999999}`,
+	} {
+		f.Add(uint8(ChatCompletions), []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, ep uint8, body []byte) {
+		e := Endpoint(ep % 4)
+		got, gerr := ParseRequest(e, body)
+		want, werr := parseRequestReference(e, body)
+		switch {
+		case (gerr == nil) != (werr == nil):
+			t.Fatalf("ParseRequest error %v, reference %v, body %q", gerr, werr, body)
+		case gerr != nil:
+			if gerr.Status != werr.Status || gerr.Param != werr.Param || gerr.Message != werr.Message {
+				t.Fatalf("ParseRequest error %+v, reference %+v, body %q", *gerr, *werr, body)
+			}
+		default:
+			if !sameRequest(got, want) {
+				t.Fatalf("ParseRequest %+v, reference %+v, body %q", *got, *want, body)
+			}
+		}
+	})
+}
+
+func sameRequest(a, b *Request) bool {
+	floatEq := (a.Temperature == nil) == (b.Temperature == nil) &&
+		(a.Temperature == nil || *a.Temperature == *b.Temperature || *a.Temperature != *a.Temperature && *b.Temperature != *b.Temperature)
+	return a.Endpoint == b.Endpoint && a.Model == b.Model && a.Stream == b.Stream && a.IncludeUsage == b.IncludeUsage &&
+		a.MaxTokens == b.MaxTokens && a.N == b.N && floatEq &&
+		bytes.Equal(a.Messages, b.Messages) && bytes.Equal(a.Tools, b.Tools) && bytes.Equal(a.Input, b.Input)
+}
+
