@@ -558,7 +558,10 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 			delete(b.blocked, c.Scope)
 		}
 	}
-	res.settled = true
+	// Only the settled mark is read from now on (until the hold expires):
+	// let the request and its decision go, so that a busy limiter does not
+	// keep a hold's worth of them for the garbage collector to scan.
+	res.settled, res.r, res.decision = true, nil, ratelimit.Decision{}
 	for _, ln := range lanes {
 		b.walkLocked(ln, "", now)
 	}
