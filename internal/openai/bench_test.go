@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"testing"
@@ -15,6 +16,19 @@ func BenchmarkParseRequest(b *testing.B) {
 	b.SetBytes(int64(len(chatBody)))
 	for b.Loop() {
 		if _, err := ParseRequest(ChatCompletions, chatBody); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRewrite is what the gateway does to a stream request: ask the
+// provider for usage.
+func BenchmarkRewrite(b *testing.B) {
+	set := map[string]json.RawMessage{"stream_options": json.RawMessage(`{"include_usage":true}`)}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(chatBody)))
+	for b.Loop() {
+		if _, err := Rewrite(chatBody, set); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -3,6 +3,10 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
 	"testing"
 )
 
@@ -128,6 +132,87 @@ func parseRequestReference(ep Endpoint, body []byte) (*Request, *Error) {
 	return r, nil
 }
 
+func rewriteReference(body []byte, set map[string]json.RawMessage) ([]byte, error) {
+	for key, v := range set {
+		if !json.Valid(v) {
+			return nil, fmt.Errorf("%w: the value for %q is not JSON", ErrRewrite, key)
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, fmt.Errorf("%w: body is not a JSON object", ErrRewrite)
+	}
+	out := make([]byte, 0, len(body)+64)
+	out = append(out, '{')
+	done := make(map[string]bool, len(set))
+	first := true
+	for dec.More() {
+		start := dec.InputOffset()
+		t, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrRewrite, err)
+		}
+		key, _ := t.(string)
+		// The key as written (the separator and spaces before it trimmed):
+		// re-encoding the decoded key would change escapes and bad UTF-8.
+		rawKey := bytes.TrimLeft(body[start:dec.InputOffset()], ", \t\r\n")
+		var val json.RawMessage
+		if err := dec.Decode(&val); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrRewrite, err)
+		}
+		if done[key] {
+			continue // a duplicate of a key we set: drop it so ours wins everywhere
+		}
+		if v, ok := set[key]; ok {
+			val, done[key] = v, true
+		}
+		out = appendMember(out, rawKey, val, first)
+		first = false
+	}
+	// More stops at the end of the input and on a syntax error as well as at
+	// the closing brace: insist on the brace and on nothing after it, so a
+	// truncated body is an error and not silently completed.
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return nil, fmt.Errorf("%w: body is not a complete JSON object", ErrRewrite)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: data after the JSON object", ErrRewrite)
+	}
+	for _, key := range slices.Sorted(maps.Keys(set)) { // sorted: the same input always gives the same bytes
+		if !done[key] {
+			out = appendMember(out, appendString(nil, key), set[key], first)
+			first = false
+		}
+	}
+	return append(out, '}'), nil
+}
+
+// FuzzRewriteMatchesReference: Rewrite gives the bytes, or the failure, the
+// decoder-based version it replaced gave.
+func FuzzRewriteMatchesReference(f *testing.F) {
+	for _, s := range requestSeeds {
+		f.Add([]byte(s), "stream_options", `{"include_usage":true}`)
+	}
+	for _, s := range []string{
+		`{"a":1,"a":2,"b" : [1, {"c":"}"}] }`,
+		`{"mod\u0065l":"x","model":"y"}`,
+		` {"x":null} `,
+		`{"x":1} {}`,
+		`{"x":1`,
+		`[1]`,
+	} {
+		f.Add([]byte(s), "model", `"m"`)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, key, value string) {
+		set := map[string]json.RawMessage{key: json.RawMessage(value), "model": json.RawMessage(`"upstream"`)}
+		got, gerr := Rewrite(body, set)
+		want, werr := rewriteReference(body, set)
+		if (gerr == nil) != (werr == nil) || !bytes.Equal(got, want) {
+			t.Fatalf("Rewrite = %q, %v; reference %q, %v; body %q", got, gerr, want, werr, body)
+		}
+	})
+}
+
 // FuzzParseRequestMatchesReference: ParseRequest reads exactly what the
 // map-based decoder it replaced read, and refuses with the same error.
 func FuzzParseRequestMatchesReference(f *testing.F) {
@@ -173,4 +258,3 @@ func sameRequest(a, b *Request) bool {
 		a.MaxTokens == b.MaxTokens && a.N == b.N && floatEq &&
 		bytes.Equal(a.Messages, b.Messages) && bytes.Equal(a.Tools, b.Tools) && bytes.Equal(a.Input, b.Input)
 }
-

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
 	"strconv"
@@ -366,46 +365,32 @@ func Rewrite(body []byte, set map[string]json.RawMessage) ([]byte, error) {
 			return nil, fmt.Errorf("%w: the value for %q is not JSON", ErrRewrite, key)
 		}
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+	obj := bytes.TrimSpace(body)
+	if len(obj) == 0 || obj[0] != '{' {
 		return nil, fmt.Errorf("%w: body is not a JSON object", ErrRewrite)
 	}
-	out := make([]byte, 0, len(body)+64)
+	if !json.Valid(obj) {
+		return nil, fmt.Errorf("%w: body is not one complete JSON object", ErrRewrite)
+	}
+	out := make([]byte, 0, len(obj)+64)
 	out = append(out, '{')
-	done := make(map[string]bool, len(set))
+	var done map[string]bool
 	first := true
-	for dec.More() {
-		start := dec.InputOffset()
-		t, err := dec.Token()
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrRewrite, err)
-		}
-		key, _ := t.(string)
-		// The key as written (the separator and spaces before it trimmed):
-		// re-encoding the decoded key would change escapes and bad UTF-8.
-		rawKey := bytes.TrimLeft(body[start:dec.InputOffset()], ", \t\r\n")
-		var val json.RawMessage
-		if err := dec.Decode(&val); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrRewrite, err)
-		}
+	eachMemberRaw(obj, func(key string, rawKey, val []byte) {
 		if done[key] {
-			continue // a duplicate of a key we set: drop it so ours wins everywhere
+			return // a duplicate of a key we set: drop it so ours wins everywhere
 		}
 		if v, ok := set[key]; ok {
+			if done == nil {
+				done = make(map[string]bool, len(set))
+			}
 			val, done[key] = v, true
 		}
+		// The key as written: re-encoding the decoded key would change
+		// escapes and bad UTF-8.
 		out = appendMember(out, rawKey, val, first)
 		first = false
-	}
-	// More stops at the end of the input and on a syntax error as well as at
-	// the closing brace: insist on the brace and on nothing after it, so a
-	// truncated body is an error and not silently completed.
-	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
-		return nil, fmt.Errorf("%w: body is not a complete JSON object", ErrRewrite)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%w: data after the JSON object", ErrRewrite)
-	}
+	})
 	for _, key := range slices.Sorted(maps.Keys(set)) { // sorted: the same input always gives the same bytes
 		if !done[key] {
 			out = appendMember(out, appendString(nil, key), set[key], first)

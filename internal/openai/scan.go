@@ -11,10 +11,17 @@ import (
 // eachMember stops early without panicking. It allocates only for names with
 // escapes or bytes that are not valid UTF-8.
 func eachMember(obj []byte, f func(name string, value []byte)) {
+	eachMemberRaw(obj, func(name string, _, value []byte) { f(name, value) })
+}
+
+// eachMemberRaw is eachMember that also passes the name as written (quoted,
+// escapes and all).
+func eachMemberRaw(obj []byte, f func(name string, rawName, value []byte)) {
 	i := skipSpace(obj, 1)
 	for i < len(obj) && obj[i] == '"' {
 		end := skipString(obj, i)
-		name := memberName(obj[i:end])
+		rawName := obj[i:end]
+		name := memberName(rawName)
 		i = skipSpace(obj, end)
 		if i >= len(obj) || obj[i] != ':' {
 			return
@@ -24,7 +31,7 @@ func eachMember(obj []byte, f func(name string, value []byte)) {
 		if end > len(obj) || start >= end {
 			return
 		}
-		f(name, obj[start:end])
+		f(name, rawName, obj[start:end])
 		i = skipSpace(obj, end)
 		if i >= len(obj) || obj[i] != ',' {
 			return
