@@ -172,6 +172,15 @@ func TestE2EReplicasShareProviderRPM(t *testing.T) {
 	// rpm at once, plus rpm/60 per second of the window.
 	slices.SortFunc(arrivals, func(a, b time.Time) int { return a.Compare(b) })
 	checkBucketBound(t, arrivals, rpm, rpm/60.0)
+	// The burst started far from the limit, where the replicas admit from
+	// local quota blocks (on by default with Redis): the bound above held
+	// with them too.
+	local := sumMetric(t, ctx, reps, `llmgate_rate_limit_admissions_total{path="local"}`)
+	store := sumMetric(t, ctx, reps, `llmgate_rate_limit_admissions_total{path="store"}`)
+	t.Logf("admissions: %.0f from local blocks, %.0f decided by Redis", local, store)
+	if local == 0 {
+		t.Error("no request was admitted from a local quota block; this test should cover them")
+	}
 }
 
 // checkBucketBound fails the test if some window [arrivals[i],
