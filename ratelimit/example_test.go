@@ -58,3 +58,25 @@ func ExampleLimiter_Wait() {
 	// first: true <nil>
 	// second gave up: true true
 }
+
+// A Limiter with a local quota: far from its limits, most admissions come
+// from blocks reserved in the store ahead of time, without a round trip (it
+// pays with a remote store such as ratelimit/redis; memory is used here so
+// that the example runs anywhere).
+func ExampleWithLocalQuota() {
+	ctx := context.Background()
+	l := ratelimit.New(memory.New(nil), ratelimit.WithLocalQuota(ratelimit.LocalQuota{}))
+	defer l.Close(ctx) // returns the unused part of the blocks
+	rpm := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 10_000, Window: time.Minute}
+	for range 20 {
+		d, err := l.Allow(ctx, ratelimit.Request{Charges: []ratelimit.Charge{{Scope: "deployment:key1/gpt-4.1", Limit: rpm}}})
+		if err != nil || !d.Allowed {
+			fmt.Println(d, err)
+			return
+		}
+		_ = l.Settle(ctx, d.ID, []int64{1})
+	}
+	st := l.Stats()
+	fmt.Println("admitted:", st.Admitted, "some from blocks:", st.Local > 0)
+	// Output: admitted: 20 some from blocks: true
+}

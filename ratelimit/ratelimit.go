@@ -20,6 +20,11 @@
 // admitted and woken; a waiter blocked only by its own scope (its tenant's
 // limit, say) does not hold up waiters behind it that do not share that
 // scope. Nobody polls.
+//
+// With a remote store, WithLocalQuota lets a Limiter admit most requests
+// far from every limit without a store round trip, from blocks of capacity
+// it reserved in one store decision; near a limit it decides per request as
+// above.
 package ratelimit
 
 import (
