@@ -208,7 +208,7 @@ func (g *Gateway) upstreamBody(c *call, model string) ([]byte, error) {
 		set["model"] = m
 	}
 	if c.req.Stream && !c.req.IncludeUsage && c.req.Endpoint != openai.Embeddings {
-		so, err := openai.StreamOptionsWithUsage(c.body)
+		so, err := openai.UsageStreamOptions(c.req.StreamOptions)
 		if err != nil {
 			return nil, errors.New("stream_options is not an object")
 		}

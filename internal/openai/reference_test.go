@@ -68,68 +68,8 @@ func parseRequestReference(ep Endpoint, body []byte) (*Request, *Error) {
 	if err := w.decodeReference(m); err != nil {
 		return nil, err
 	}
-	r := &Request{Endpoint: ep, N: 1, Temperature: w.Temperature}
-	if w.Model == nil || *w.Model == "" {
-		return nil, BadRequest("model", "You must provide a model parameter.")
-	}
-	r.Model = *w.Model
-	if w.Stream != nil {
-		r.Stream = *w.Stream
-	}
-	if w.IncludeUsage != nil {
-		r.IncludeUsage = *w.IncludeUsage
-	}
-	for _, p := range []struct {
-		name string
-		v    *int64
-	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompletionTokens}} {
-		if p.v != nil && (*p.v < 1 || *p.v > 1<<40) {
-			return nil, BadRequest(p.name, "Invalid '%s': expected an integer >= 1, got %d.", p.name, *p.v)
-		}
-	}
-	switch {
-	case w.MaxCompletionTokens != nil:
-		r.MaxTokens = *w.MaxCompletionTokens
-	case w.MaxTokens != nil:
-		r.MaxTokens = *w.MaxTokens
-	}
-	if w.N != nil {
-		if *w.N < 1 || *w.N > MaxChoices {
-			return nil, BadRequest("n", "Invalid 'n': expected an integer from 1 to %d, got %d.", MaxChoices, *w.N)
-		}
-		r.N = *w.N
-	}
-	switch ep {
-	case ChatCompletions:
-		if isNull(w.Messages) {
-			return nil, BadRequest("messages", "Missing required parameter: 'messages'.")
-		}
-		if w.Messages[0] != '[' {
-			return nil, BadRequest("messages", "Invalid type for 'messages': expected an array of message objects.")
-		}
-		r.Messages = w.Messages
-		r.Tools = w.Tools
-		if isNull(r.Tools) {
-			r.Tools = w.Functions
-		}
-		if isNull(r.Tools) {
-			r.Tools = nil
-		}
-	case Completions:
-		if isNull(w.Prompt) {
-			return nil, BadRequest("prompt", "Missing required parameter: 'prompt'.")
-		}
-		r.Input = w.Prompt
-	case Embeddings:
-		if isNull(w.Input) {
-			return nil, BadRequest("input", "Missing required parameter: 'input'.")
-		}
-		if r.Stream {
-			return nil, BadRequest("stream", "Embeddings cannot be streamed.")
-		}
-		r.Input = w.Input
-	}
-	return r, nil
+	w.StreamOptions = m["stream_options"]
+	return w.request(ep)
 }
 
 func rewriteReference(body []byte, set map[string]json.RawMessage) ([]byte, error) {
@@ -256,5 +196,6 @@ func sameRequest(a, b *Request) bool {
 		(a.Temperature == nil || *a.Temperature == *b.Temperature || *a.Temperature != *a.Temperature && *b.Temperature != *b.Temperature)
 	return a.Endpoint == b.Endpoint && a.Model == b.Model && a.Stream == b.Stream && a.IncludeUsage == b.IncludeUsage &&
 		a.MaxTokens == b.MaxTokens && a.N == b.N && floatEq &&
-		bytes.Equal(a.Messages, b.Messages) && bytes.Equal(a.Tools, b.Tools) && bytes.Equal(a.Input, b.Input)
+		bytes.Equal(a.Messages, b.Messages) && bytes.Equal(a.Tools, b.Tools) && bytes.Equal(a.Input, b.Input) &&
+		bytes.Equal(a.StreamOptions, b.StreamOptions)
 }

@@ -65,6 +65,9 @@ type Request struct {
 	Input json.RawMessage
 	// Temperature is the sampling temperature, nil when absent.
 	Temperature *float64
+	// StreamOptions is the raw "stream_options" (nil when absent), for
+	// UsageStreamOptions.
+	StreamOptions json.RawMessage
 }
 
 // wireRequest holds every endpoint's fields at once; unknown fields are
@@ -75,6 +78,7 @@ type wireRequest struct {
 	MaxTokens, MaxCompletionTokens, N         *int64
 	Temperature                               *float64
 	Messages, Tools, Functions, Input, Prompt json.RawMessage
+	StreamOptions                             json.RawMessage
 }
 
 // decode fills w from the members of a request object. It matches names
@@ -84,7 +88,7 @@ type wireRequest struct {
 // would miss the stream's usage). Of duplicated names the last wins, as in
 // the provider's parser; only the values kept are decoded.
 func (w *wireRequest) decode(obj []byte) *Error {
-	var model, stream, maxTokens, maxCompletion, n, temperature, streamOptions []byte
+	var model, stream, maxTokens, maxCompletion, n, temperature []byte
 	eachMember(obj, func(name string, v []byte) {
 		switch name {
 		case "model":
@@ -100,7 +104,7 @@ func (w *wireRequest) decode(obj []byte) *Error {
 		case "temperature":
 			temperature = v
 		case "stream_options":
-			streamOptions = v
+			w.StreamOptions = v
 		case "messages":
 			w.Messages = v
 		case "tools":
@@ -131,13 +135,13 @@ func (w *wireRequest) decode(obj []byte) *Error {
 	if err := decodeFloat(temperature, "temperature", &w.Temperature); err != nil {
 		return err
 	}
-	if !isNull(streamOptions) {
-		if streamOptions[0] != '{' {
-			var so map[string]json.RawMessage
-			return typeError("stream_options", json.Unmarshal(streamOptions, &so))
+	if so := w.StreamOptions; !isNull(so) {
+		if so[0] != '{' {
+			var m map[string]json.RawMessage
+			return typeError("stream_options", json.Unmarshal(so, &m))
 		}
 		var includeUsage []byte
-		eachMember(streamOptions, func(name string, v []byte) {
+		eachMember(so, func(name string, v []byte) {
 			if name == "include_usage" {
 				includeUsage = v
 			}
@@ -273,7 +277,12 @@ func ParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 	if err := w.decode(trimmed); err != nil {
 		return nil, err
 	}
-	r := &Request{Endpoint: ep, N: 1, Temperature: w.Temperature}
+	return w.request(ep)
+}
+
+// request checks what w read for a request to ep and returns it.
+func (w *wireRequest) request(ep Endpoint) (*Request, *Error) {
+	r := &Request{Endpoint: ep, N: 1, Temperature: w.Temperature, StreamOptions: w.StreamOptions}
 	if w.Model == nil || *w.Model == "" {
 		return nil, BadRequest("model", "You must provide a model parameter.")
 	}
@@ -423,6 +432,12 @@ func StreamOptionsWithUsage(body []byte) (json.RawMessage, error) {
 			so = v
 		}
 	})
+	return UsageStreamOptions(so)
+}
+
+// UsageStreamOptions is StreamOptionsWithUsage for a request already
+// parsed: so is its Request.StreamOptions.
+func UsageStreamOptions(so json.RawMessage) (json.RawMessage, error) {
 	if isNull(so) {
 		return json.RawMessage(`{"include_usage":true}`), nil
 	}
