@@ -89,19 +89,8 @@ func skipValue(b []byte, i int) int {
 	case '"':
 		return skipString(b, i)
 	case '{', '[':
-		depth := 0
-		for ; i < len(b); i++ {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i) - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
+		if end := closeOf(b, i); end >= 0 {
+			return end
 		}
 		return len(b)
 	}
@@ -112,4 +101,25 @@ func skipValue(b []byte, i int) int {
 		}
 	}
 	return len(b)
+}
+
+// closeOf returns the index after the object or array that starts at b[i],
+// or -1 when it does not end. Strings are skipped whole, so brackets inside
+// them do not count; validity is not checked.
+func closeOf(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			i = skipString(b, i) - 1
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
 }

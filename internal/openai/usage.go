@@ -158,26 +158,5 @@ func lastUsage(body []byte) *Usage {
 }
 
 // objectEnd returns the length of the JSON object v starts with, or -1 when
-// it does not end. Strings are skipped whole, so braces inside them do not
-// count; validity is left to the decoder.
-func objectEnd(v []byte) int {
-	depth := 0
-	for i := 0; i < len(v); i++ {
-		switch v[i] {
-		case '"':
-			for i++; i < len(v) && v[i] != '"'; i++ {
-				if v[i] == '\\' {
-					i++
-				}
-			}
-		case '{', '[':
-			depth++
-		case '}', ']':
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
-		}
-	}
-	return -1
-}
+// it does not end; validity is left to the decoder.
+func objectEnd(v []byte) int { return closeOf(v, 0) }
