@@ -1,67 +1,94 @@
 -- acquire.lua: take the lock if it is free and nobody live is queued ahead
 -- of us, or join the wait queue (or renew our place in it).
 --
--- KEYS[1] L, the lock: "owner:expires_ms:waiters:fence:granted_us:grant_ms"
---         while held, "-:0:waiters:fence:0:0" once released; waiters is 1
---         when the queue may be non-empty (it is never 0 while it is not), so
---         an uncontended acquire or release never looks at the queue. The
---         lease is kept in the value (expires_ms, server time) and the key
---         itself lives 7 days, so the last fence survives releases and
---         expiries. Keys derived from L share its hash tag, so its Cluster slot:
+-- KEYS[1] L, the lock, in one of two forms:
+--         "owner"        held, nobody queued: the lease is the key's own TTL
+--                        (the uncontended form: one SET NX takes it, and a
+--                        release deletes it);
+--         "owner:expires_ms:fence:granted_us:grant_ms"
+--                        waiters may be queued: the lease is expires_ms
+--                        (server time), the key lives 7 days, and the
+--                        grant fields tell a waiter what it was handed if
+--                        its wake-up was lost; owner "-" when released.
+--         Keys derived from L share its hash tag, so its Cluster slot:
+--   L:f  the last fence (fence.lua)
 --   L:q  zset  queued entries by arrival (server µs)
 --   L:l  zset  queued entries by lease expiry (server ms)
 -- ARGV[1] token   ARGV[2] ttl_ms   ARGV[3] waiter lease ms ("0": try once, never queue)
 -- ARGV[4] entry "token:grant_ms:channel" (the lease to grant on hand-off, and
 --         the Pub/Sub channel suffix that reaches this waiter's process)
+-- ARGV[5] "1" if the caller may have an entry queued already, else ""
 --
 -- Returns {1, fence, now_us}             taken now, for ttl_ms
---         {2, grant}                     handed to us already: "fence:granted_us:grant_ms"
+--         {2, grant, now_us}             ours already (handed to us, or taken by an
+--                                        attempt whose reply was lost):
+--                                        "fence:granted_us:grant_ms"
 --         {0, left_ms, now_us}           not taken (try once)
 --         {3, left_ms, now_us, is_head}  queued; left_ms is the holder's lease left,
 --                                        reported to the queue head only (-1 otherwise)
 -- Time comes from the server only.
-local L, token = KEYS[1], ARGV[1]
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now_ms = math.floor(now_us / 1000)
-
-local owner, expires, last, waiters, rest = nil, 0, 0, '0', nil
-local v = redis.call('GET', L)
-if v then
-  local o, e, w, f, r = string.match(v, '^([^:]+):(%d+):(%d):(%d+):(.*)$')
-  last, waiters, rest = tonumber(f), w, r
-  if o ~= '-' and tonumber(e) > now_ms then
-    if o == token then
-      return {2, f .. ':' .. r}
-    end
-    owner, expires = o, tonumber(e)
-  end
-end
-
+local L, token, ttl = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local q, l = L .. ':q', L .. ':l'
 local entry = ARGV[4]
+
+if redis.call('SET', L, token, 'NX', 'PX', ttl) then
+  -- Free, so nobody is queued (waiters keep L in the long form).
+  if ARGV[5] == '1' then
+    -- Unless L vanished under them (an eviction, an outside DEL): leave.
+    redis.call('ZREM', q, entry)
+    redis.call('ZREM', l, entry)
+  end
+  local now_us = time_us()
+  return {1, next_fence(L, now_us), now_us}
+end
+
+local now_us = time_us()
+local now_ms = math.floor(now_us / 1000)
+local v = redis.call('GET', L)
+if not string.find(v, ':', 1, true) then
+  local left = redis.call('PTTL', L)
+  if ARGV[3] == '0' and v ~= token then
+    return {0, left, now_us}
+  end
+  -- The holder's grant, as a hand-off would have set it: its fence is the
+  -- last one minted, and its lease ends in left ms.
+  local grant = string.format('%s:%d:%d', redis.call('GET', L .. ':f') or '0', now_us, left)
+  if v == token then
+    return {2, grant, now_us}
+  end
+  -- Someone will wait: move the lease into the value, in the long form.
+  v = string.format('%s:%d:%s', v, now_ms + left, grant)
+  redis.call('SET', L, v, 'PX', 604800000)
+end
+
+local owner, expires = nil, 0
+local o, e, f, grant = string.match(v, '^([^:]+):(%d+):(%d+):(.*)$')
+if o ~= '-' and tonumber(e) > now_ms then
+  if o == token then
+    return {2, f .. ':' .. grant, now_us}
+  end
+  owner, expires = o, tonumber(e)
+end
+
 if not owner then
-  local head = nil
-  if waiters == '1' then
-    -- Evict waiters at the head whose place expired: they died while queued.
+  -- Evict waiters at the head whose place expired: they died while queued.
+  local head = redis.call('ZRANGE', q, 0, 0)[1]
+  while head and tonumber(redis.call('ZSCORE', l, head) or '0') <= now_ms do
+    redis.call('ZREM', q, head)
+    redis.call('ZREM', l, head)
     head = redis.call('ZRANGE', q, 0, 0)[1]
-    while head and tonumber(redis.call('ZSCORE', l, head) or '0') <= now_ms do
-      redis.call('ZREM', q, head)
-      redis.call('ZREM', l, head)
-      head = redis.call('ZRANGE', q, 0, 0)[1]
-    end
   end
   if not head or head == entry then
-    local more = '0'
     if head then
       redis.call('ZREM', q, entry)
       redis.call('ZREM', l, entry)
-      if redis.call('EXISTS', q) == 1 then more = '1' end
     end
-    local fence = last + 1
-    if fence < now_us then fence = now_us end
-    local ttl = tonumber(ARGV[2])
-    redis.call('SET', L, string.format('%s:%d:%s:%d:%d:%d', token, now_ms + ttl, more, fence, now_us, ttl), 'PX', 604800000)
+    local fence = next_fence(L, now_us)
+    if redis.call('EXISTS', q) == 1 then
+      redis.call('SET', L, string.format('%s:%d:%d:%d:%d', token, now_ms + ttl, fence, now_us, ttl), 'PX', 604800000)
+    else
+      redis.call('SET', L, token, 'PX', ttl) -- nobody else waits: the short form
+    end
     return {1, fence, now_us}
   end
 end
@@ -70,14 +97,6 @@ if ARGV[3] == '0' then
   return {0, expires - now_ms, now_us}
 end
 
-if waiters ~= '1' then
-  -- Mark the lock as having waiters, so its release looks at the queue.
-  if v then
-    redis.call('SET', L, string.gsub(v, '^([^:]+:%d+:)0', '%11', 1), 'PX', 604800000)
-  else
-    redis.call('SET', L, '-:0:1:0:0:0', 'PX', 604800000)
-  end
-end
 local lease = tonumber(ARGV[3])
 local qttl = redis.call('PTTL', q)
 local is_head = 0

@@ -5,15 +5,18 @@
 // A lock named K lives in keys sharing the hash tag {K}, so every script
 // touches one Cluster slot:
 //
-//	<prefix>{K}     "owner:expires_ms:waiters:fence:granted_us:grant_ms" while
-//	                held, "-:0:waiters:fence:0:0" once released; the key lives
-//	                7 days; waiters is 1 while the queue may be non-empty
+//	<prefix>{K}     while nobody waits, the owner's token, with the lease as
+//	                the key's TTL; while waiters may be queued,
+//	                "owner:expires_ms:fence:granted_us:grant_ms" (the lease
+//	                in server time), living 7 days; missing when free
+//	<prefix>{K}:f   the last fence minted
 //	<prefix>{K}:q   zset: waiters in arrival order
 //	<prefix>{K}:l   zset: each waiter's lease (its place expires unless renewed)
 //
-// The lease is the expires_ms field (server time), not the key's TTL, so the
-// last fence survives every release and expiry. An uncontended acquire or
-// release reads and writes this one key only (three redis.calls each).
+// An uncontended acquire is a SET NX PX plus a fence, and an uncontended
+// release a compare-and-delete; the first waiter to queue moves the lease
+// into the value (the long form), so the key outlives a crashed holder's
+// lease and no newcomer can take a lock that queued waiters are owed.
 //
 // Acquire runs acquire.lua: it takes a free lock or queues the caller, who
 // then waits for a wake-up. Release runs release.lua, which makes the first
@@ -31,8 +34,8 @@
 // wake-up is ever lost, only delayed.
 //
 // Fencing tokens are max(last + 1, server TIME in µs): they increase per key
-// forever, even if Redis restarts without persistence and forgets the last
-// one.
+// forever, even if Redis restarts without persistence or fails over to a
+// lagging replica and forgets the last one.
 package redis
 
 import (
@@ -51,6 +54,8 @@ import (
 )
 
 var (
+	//go:embed fence.lua
+	fenceSrc string
 	//go:embed acquire.lua
 	acquireSrc string
 	//go:embed release.lua
@@ -58,9 +63,9 @@ var (
 	//go:embed extend.lua
 	extendSrc string
 
-	acquireScript = rueidis.NewLuaScript(acquireSrc)
-	releaseScript = rueidis.NewLuaScript(releaseSrc)
-	extendScript  = rueidis.NewLuaScript(extendSrc)
+	acquireScript = rueidis.NewLuaScript(fenceSrc + acquireSrc)
+	releaseScript = rueidis.NewLuaScript(fenceSrc + releaseSrc)
+	extendScript  = rueidis.NewLuaScript(fenceSrc + extendSrc)
 )
 
 // DefaultPrefix starts every key this backend writes.
@@ -217,26 +222,25 @@ const (
 	noWaitFlag = "0"
 )
 
-func (b *Backend) runAcquire(ctx context.Context, key, token, entry string, ttl time.Duration, waiterLease string) (reply, error) {
-	args := []string{token, strconv.FormatInt(ttl.Milliseconds(), 10), waiterLease, entry}
+func (b *Backend) runAcquire(ctx context.Context, key, token, entry string, ttl time.Duration, waiterLease string, queued bool) (reply, error) {
+	mayBeQueued := ""
+	if queued {
+		mayBeQueued = "1"
+	}
+	args := []string{token, strconv.FormatInt(ttl.Milliseconds(), 10), waiterLease, entry, mayBeQueued}
 	vals, err := acquireScript.Exec(ctx, b.c, []string{b.Key(key)}, args).ToArray()
 	if err != nil {
 		return reply{}, fmt.Errorf("lock: redis acquire %q: %w", key, err)
 	}
 	var r reply
-	if len(vals) < 2 {
+	if len(vals) < 3 {
 		return r, fmt.Errorf("lock: redis acquire %q: unexpected reply of %d values", key, len(vals))
 	}
 	if r.status, err = vals[0].AsInt64(); err != nil {
 		return r, fmt.Errorf("lock: redis acquire %q: %w", key, err)
 	}
-	if r.status != stHanded {
-		if len(vals) < 3 {
-			return r, fmt.Errorf("lock: redis acquire %q: unexpected reply of %d values", key, len(vals))
-		}
-		if r.nowUS, err = vals[2].AsInt64(); err != nil {
-			return r, fmt.Errorf("lock: redis acquire %q: %w", key, err)
-		}
+	if r.nowUS, err = vals[2].AsInt64(); err != nil {
+		return r, fmt.Errorf("lock: redis acquire %q: %w", key, err)
 	}
 	switch r.status {
 	case stTaken:
@@ -261,7 +265,7 @@ func (b *Backend) runAcquire(ctx context.Context, key, token, entry string, ttl 
 // TryAcquire takes key if it is free and nobody is queued for it.
 func (b *Backend) TryAcquire(ctx context.Context, key, token string, opts lock.Options) (lock.Grant, error) {
 	start := time.Now()
-	r, err := b.runAcquire(ctx, key, token, "", opts.TTL, noWaitFlag)
+	r, err := b.runAcquire(ctx, key, token, "", opts.TTL, noWaitFlag, false)
 	if err != nil {
 		return lock.Grant{}, err
 	}
@@ -338,6 +342,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 	// local time of serverUS.
 	var sent time.Time
 	var serverUS int64
+	queued := false // whether an attempt may have left an entry in the queue
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -345,8 +350,9 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 			return fail(err)
 		}
 		start := time.Now()
-		r, err := b.runAcquire(ctx, key, token, entry, opts.TTL, waiterLease)
+		r, err := b.runAcquire(ctx, key, token, entry, opts.TTL, waiterLease, queued)
 		if err != nil {
+			queued = true // the attempt may have run without its reply reaching us
 			if retry(err) {
 				continue
 			}
@@ -357,9 +363,11 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 		case stTaken:
 			return lock.Grant{Fence: uint64(r.fence), ValidUntil: lock.SafeValidity(start, opts.TTL)}, nil
 		case stHanded:
-			// Granted while we slept; the wake-up was lost or is in flight.
-			return parseGrant(r.grant, sent, serverUS, opts.TTL)
+			// Granted while we slept (the wake-up was lost or is in flight),
+			// or taken by an attempt whose reply was lost.
+			return parseGrant(r.grant, start, r.nowUS, opts.TTL)
 		}
+		queued = true
 		sent, serverUS = start, r.nowUS
 		wait := renewEvery
 		if r.isHead && r.pttl >= 0 && time.Duration(r.pttl)*time.Millisecond < wait {
