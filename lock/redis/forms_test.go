@@ -91,7 +91,7 @@ func TestFenceAboveCounterAfterClockStep(t *testing.T) {
 	r := testutil.StartRedis(t)
 	ctx := testCtx(t, 30*time.Second)
 	key := newKey(t)
-	ahead := uint64(time.Now().Add(24*time.Hour).UnixMicro()) // a fence minted by a clock a day ahead
+	ahead := uint64(time.Now().Add(24 * time.Hour).UnixMicro()) // a fence minted by a clock a day ahead
 	if _, err := r.Do(ctx, "SET", lockKey(defaultPrefix, key)+":f", strconv.FormatUint(ahead, 10)); err != nil {
 		t.Fatal(err)
 	}
