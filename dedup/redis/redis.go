@@ -126,7 +126,7 @@ func (l *locks) Release(ctx context.Context, key, token string) error {
 	if err := l.Backend.Release(ctx, key, token); err != nil {
 		return err
 	}
-	// Best effort: a key that is not shortened lives out lock/redis's week.
+	// Best effort: a fence counter that is not shortened lives out lock/redis's week.
 	_ = tidyScript.Exec(ctx, l.c, []string{l.Key(key)}, []string{ms(lockKeep)}).Error()
 	return nil
 }

@@ -110,8 +110,11 @@ func TestLayoutAndTTLs(t *testing.T) {
 	if n := r.Int(t, "XLEN", stream); n != 2 {
 		t.Fatalf("XLEN after Finish %d, want 2 (frame, end)", n)
 	}
-	if d := pttl(t, r, lk); d <= 0 || d > time.Minute {
-		t.Fatalf("free lock PTTL %v, want at most a minute (not lock/redis's week)", d)
+	if n := r.Int(t, "EXISTS", lk); n != 0 {
+		t.Fatalf("the free lock's key still exists")
+	}
+	if d := pttl(t, r, lk+":f"); d <= 0 || d > time.Minute {
+		t.Fatalf("free lock's fence counter PTTL %v, want at most a minute (not lock/redis's week)", d)
 	}
 
 	// Abort: the record goes and the stream is a lone tombstone.
