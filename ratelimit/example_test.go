@@ -80,3 +80,19 @@ func ExampleWithLocalQuota() {
 	fmt.Println("admitted:", st.Admitted, "some from blocks:", st.Local > 0)
 	// Output: admitted: 20 some from blocks: true
 }
+
+// A provider that really allows 5 requests a minute, on a key configured
+// for 1,000: its 429 said "Limit 5, Used 5". Once learned, every replica
+// sharing the store holds the key to 5 a minute, starting from none left,
+// so requests go out one every 12 seconds instead of as a burst.
+func ExampleLimiter_Learn() {
+	ctx := context.Background()
+	l := ratelimit.New(memory.New(nil))
+	rpm := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 1_000, Window: time.Minute}
+	req := ratelimit.Request{Charges: []ratelimit.Charge{{Scope: "deployment:key1/gpt-4.1", Limit: rpm}}}
+
+	_ = l.Learn(ctx, "deployment:key1/gpt-4.1", rpm, ratelimit.Learned{Limit: 5, Remaining: 5 - 5})
+	d, _ := l.Allow(ctx, req)
+	fmt.Println("allowed:", d.Allowed, "retry in about 12s:", d.RetryAfter > 11*time.Second && d.RetryAfter <= 12*time.Second)
+	// Output: allowed: false retry in about 12s: true
+}

@@ -19,8 +19,8 @@ import (
 type LocalQuota struct {
 	// Window is how long a block admits requests after the store granted
 	// it; its unused part then goes back to the store. It also bounds how
-	// long this replica keeps admitting from a block after a Cooldown or
-	// Observe made on another replica. Default DefaultLocalWindow.
+	// long this replica keeps admitting from a block after a Cooldown,
+	// Observe or Learn made on another replica. Default DefaultLocalWindow.
 	Window time.Duration
 	// MaxBlock bounds how many requests one block is sized for. Default
 	// DefaultLocalMaxBlock.
@@ -65,8 +65,8 @@ const returnMargin = 30 * time.Second
 // up to Window (blocks are only taken far from a limit, see Headroom);
 // requests admitted from a block skip the store's queue, so priorities and
 // arrival order apply only near a limit, where admission is per-request
-// again; a Cooldown or Observe retires this replica's blocks at once but
-// reaches other replicas' blocks only when they end. Requests with
+// again; a Cooldown, Observe or Learn retires this replica's blocks at
+// once but reaches other replicas' blocks only when they end. Requests with
 // concurrency charges or a caller-chosen ID always go to the store. Call
 // Close to return held blocks when the process stops.
 //
@@ -98,7 +98,9 @@ type localQuota struct {
 
 // pool is what one set of limits has locally.
 type pool struct {
-	scopes    []string
+	scopes    []string // per charge, its scope
+	kinds     []Kind   // per charge, its kind and window: with the scope, its bucket
+	windows   []time.Duration
 	blk       *block          // admitting now, or nil
 	refill    chan struct{}   // closed when the block request in flight returns; nil if none
 	size      int             // requests the next block is sized for; below 2, none is asked
@@ -113,6 +115,7 @@ type block struct {
 	id          string // the store reservation
 	p           *pool
 	n, admitted int         // requests it was sized for; requests it admitted
+	cost        []int64     // per charge, what the store reserved for the block
 	left        []int64     // per charge, not handed out yet
 	used        []int64     // per charge, real costs of settled requests plus estimates of the others
 	outstanding int         // admitted and not settled
@@ -120,6 +123,7 @@ type block struct {
 	deadline    time.Time   // goes back by then even with requests unsettled: their hold is over
 	lapse       clock.Timer // fires at deadline
 	retired     bool        // admits no more
+	forfeit     []bool      // per charge, nil if none: goes back as reserved (a learned count superseded it)
 	returned    bool        // settled in the store
 	ids         []string
 	timer       clock.Timer
@@ -236,6 +240,8 @@ func (q *localQuota) take(sig string, r *Request) (Decision, bool, *pool, <-chan
 		p = &pool{size: 1}
 		for _, c := range r.Charges {
 			p.scopes = append(p.scopes, c.Scope)
+			p.kinds = append(p.kinds, c.Limit.Kind)
+			p.windows = append(p.windows, c.Limit.Window)
 		}
 		q.pools[sig] = p
 	}
@@ -338,8 +344,10 @@ func (q *localQuota) grant(ctx context.Context, p *pool, r *Request, n int, refi
 		p.size = 1
 		return Decision{}, false, err
 	}
-	b := &block{id: br.ID, p: p, n: n, until: now.Add(q.cfg.Window), left: make([]int64, len(br.Charges)), used: make([]int64, len(br.Charges))}
+	b := &block{id: br.ID, p: p, n: n, until: now.Add(q.cfg.Window), cost: make([]int64, len(br.Charges)),
+		left: make([]int64, len(br.Charges)), used: make([]int64, len(br.Charges))}
 	for i, c := range br.Charges {
+		b.cost[i] = c.Cost
 		b.left[i] = c.Cost - r.Charges[i].Cost
 		b.used[i] = r.Charges[i].Cost
 	}
@@ -463,6 +471,11 @@ func (q *localQuota) returnAsync(b *block) {
 func (q *localQuota) giveBack(ctx context.Context, b *block) {
 	q.mu.Lock()
 	used := append([]int64(nil), b.used...)
+	for i, f := range b.forfeit {
+		if f {
+			used[i] = b.cost[i]
+		}
+	}
 	if b.lapse != nil {
 		b.lapse.Stop()
 	}
@@ -564,6 +577,37 @@ func (q *localQuota) retireScope(scope string) {
 	for _, b := range ret {
 		q.returnAsync(b)
 	}
+}
+
+// retireLearned is retireScope for a limit learned from the provider
+// (Limiter.Learn): besides retiring the blocks on scope, the blocks not yet
+// returned, retired ones with requests still running included, give back
+// nothing of their charges on the learned bucket (scope, kind, window).
+// The provider's count, which the store now holds, already tells what is
+// left; the unused part of a block reserved before it must not raise the
+// bucket above that.
+func (q *localQuota) retireLearned(scope string, kind Kind, window time.Duration) {
+	q.mu.Lock()
+	mark := func(b *block) {
+		for i, s := range b.p.scopes {
+			if s == scope && b.p.kinds[i] == kind && b.p.windows[i] == window {
+				if b.forfeit == nil {
+					b.forfeit = make([]bool, len(b.cost))
+				}
+				b.forfeit[i] = true
+			}
+		}
+	}
+	for _, p := range q.pools {
+		if p.blk != nil {
+			mark(p.blk)
+		}
+	}
+	for _, h := range q.held { // Learn is rare: a walk over the requests running is fine
+		mark(h.blk)
+	}
+	q.mu.Unlock()
+	q.retireScope(scope)
 }
 
 // close retires every block and returns those with nothing outstanding;

@@ -226,6 +226,46 @@ func TestLocalQuotaRetiredByCooldown(t *testing.T) {
 	}
 }
 
+// TestLocalQuotaRetiredByLearn: after a Learn on a scope, no block admits
+// on it, and the blocks reserved before it, also those whose requests are
+// still running, give nothing of the learned bucket back when they return
+// (the provider's count said what is left), while the other limits they
+// charged get their unused part back as usual.
+func TestLocalQuotaRetiredByLearn(t *testing.T) {
+	ctx := context.Background()
+	l, _, _ := newLocal(t, ratelimit.LocalQuota{})
+	req := gatewayLike(100_000, 100_000_000, 10)
+	var ids []string
+	for range 20 {
+		d, err := l.Allow(ctx, req)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+		ids = append(ids, d.ID)
+	}
+	if l.Stats().Local == 0 {
+		t.Fatal("no block was taken")
+	}
+	if err := l.Learn(ctx, scopeDep, req.Charges[0].Limit, ratelimit.Learned{Limit: 50, Remaining: 0}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Allow(ctx, req)
+	if err != nil || d.Allowed || d.DeniedBy != scopeDep || d.DeniedKind != ratelimit.Requests {
+		t.Fatalf("after Learn: %+v, %v; want denied by %s requests", d, err, scopeDep)
+	}
+	for _, id := range ids {
+		if err := l.Settle(ctx, id, []int64{1, 10, 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := probe(t, l, req, "probe"); got[0] != 0 || got[1] != 100_000_000-200 || got[2] != 100_000-20 {
+		t.Errorf("store has %v left, want [0 %d %d]: nothing back on the learned bucket, the rest exact", got, 100_000_000-200, 100_000-20)
+	}
+}
+
 // TestLocalQuotaIDs: settling a local reservation twice is a no-op, also
 // after its block went back; Extend works until it is settled; requests
 // with their own ID or a concurrency charge always go to the store.

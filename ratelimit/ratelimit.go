@@ -241,6 +241,33 @@ type Backend interface {
 	// Observe lowers the scope's bucket of limit l to at most remaining
 	// (what the provider says is left).
 	Observe(ctx context.Context, scope string, l Limit, remaining int64) error
+	// Learn records x.Limit as the provider's own allowance for scope's
+	// bucket of l (its kind and window; l's Limit and Burst are the limit
+	// as charged) until x.TTL from now, replacing what an earlier Learn
+	// said. Meanwhile every charge on that bucket uses the lower of its
+	// own limit and x.Limit as its rate, and of its burst and x.Limit as
+	// its bucket; a charge costing more than that bucket waits for a full
+	// one. When x.Remaining is not negative the bucket drops to at most
+	// that. x is validated, its TTL filled in.
+	Learn(ctx context.Context, scope string, l Limit, x Learned) error
+}
+
+// DefaultLearnTTL is how long a learned limit holds unless it is learned
+// again: long enough to span a provider's retry-afters, short enough that
+// a raised quota is picked up again.
+const DefaultLearnTTL = 10 * time.Minute
+
+// Learned is what a provider said about one of its own rate limits; see
+// Limiter.Learn.
+type Learned struct {
+	// Limit is the provider's allowance per window of the limit it is
+	// about; at least 1.
+	Limit int64
+	// Remaining is what the provider has left now (its limit minus what
+	// it says was used); negative when it did not say.
+	Remaining int64
+	// TTL is how long the learned limit holds; 0 means DefaultLearnTTL.
+	TTL time.Duration
 }
 
 // Stats counts what a Limiter did; read it with Limiter.Stats.
@@ -659,6 +686,42 @@ func (l *Limiter) Observe(ctx context.Context, scope string, lim Limit, remainin
 		l.local.retireScope(scope)
 	}
 	return l.b.Observe(ctx, scope, r.Charges[0].Limit, max(remaining, 0))
+}
+
+// Learn shares what the provider said one of scope's rate limits really is
+// (a 429's "Limit 5, Used 5", x-ratelimit-limit-requests): for x.TTL
+// (DefaultLearnTTL when 0), every charge on scope with lim's kind and
+// window, on every replica, is held to the lower of its own limit and
+// x.Limit, and the bucket drops to at most x.Remaining (when not
+// negative), so that requests go out at the provider's pace after a
+// cooldown instead of as a burst. lim is the limit as scope's charges
+// carry it (the store brings the bucket up to date with it). A later Learn
+// replaces the learned limit, also with a higher one. This Limiter's local
+// blocks on scope stop admitting, and the part of them that was not used on
+// that limit is not given back: the provider's count already says what is
+// left.
+func (l *Limiter) Learn(ctx context.Context, scope string, lim Limit, x Learned) error {
+	r, err := normalize(Request{Charges: []Charge{{Scope: scope, Limit: lim}}})
+	if err != nil {
+		return err
+	}
+	switch {
+	case lim.Kind == Concurrency:
+		return fmt.Errorf("%w: Learn applies to rate limits", ErrInvalid)
+	case x.Limit < 1 || x.Limit > MaxAmount:
+		return fmt.Errorf("%w: learned %s limit %d on %q is not in 1..%d", ErrInvalid, lim.Kind, x.Limit, scope, int64(MaxAmount))
+	case x.TTL < 0 || (x.TTL > 0 && x.TTL < time.Millisecond):
+		return fmt.Errorf("%w: learned limit TTL %v below 1ms", ErrInvalid, x.TTL)
+	}
+	if x.TTL == 0 {
+		x.TTL = DefaultLearnTTL
+	}
+	x.Remaining = min(max(x.Remaining, -1), MaxAmount)
+	c := r.Charges[0]
+	if l.local != nil {
+		l.local.retireLearned(scope, c.Limit.Kind, c.Limit.Window)
+	}
+	return l.b.Learn(ctx, scope, c.Limit, x)
 }
 
 // Close returns the unused part of local blocks (see WithLocalQuota) to the

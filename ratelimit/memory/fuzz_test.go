@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -56,15 +57,43 @@ type mBucket struct {
 	level float64
 	at    time.Time
 	seen  bool
+	// learned is a limit learned from the provider (Learn), in force
+	// until until; 0 if none was.
+	learned int64
+	until   time.Time
 }
 
-func (b *mBucket) rate() float64 { return float64(b.lim.Limit) / float64(b.lim.Window) }
+// params returns the bucket's rate and burst, under the learned limit or not.
+func (b *mBucket) params(learned bool) (rate, burst float64) {
+	lim, bu := b.lim.Limit, b.lim.Burst
+	if learned {
+		lim, bu = min(lim, b.learned), min(bu, b.learned)
+	}
+	return float64(lim) / float64(b.lim.Window), float64(bu)
+}
+
+func (b *mBucket) learnedAt(now time.Time) bool { return b.learned > 0 && now.Before(b.until) }
+
+func (b *mBucket) rate(now time.Time) float64 { r, _ := b.params(b.learnedAt(now)); return r }
+
+func (b *mBucket) burst(now time.Time) float64 { _, bu := b.params(b.learnedAt(now)); return bu }
 
 func (b *mBucket) levelAt(now time.Time) float64 {
 	if !b.seen {
 		return float64(b.lim.Burst)
 	}
-	return math.Min(float64(b.lim.Burst), b.level+float64(now.Sub(b.at))*b.rate())
+	lv, at := b.level, b.at
+	if b.learned > 0 && now.Before(b.until) {
+		r, bu := b.params(true)
+		return math.Min(bu, lv+float64(now.Sub(at))*r)
+	}
+	if b.learned > 0 && b.until.After(at) {
+		// The learned limit ended since: its rate up to its end.
+		r, bu := b.params(true)
+		lv, at = math.Min(bu, lv+float64(b.until.Sub(at))*r), b.until
+	}
+	r, bu := b.params(false)
+	return math.Min(bu, lv+float64(now.Sub(at))*r)
 }
 
 func (b *mBucket) set(level float64, now time.Time) { b.level, b.at, b.seen = level, now, true }
@@ -144,7 +173,7 @@ func runFuzz(t *testing.T, data []byte) {
 
 	for op := 0; op < 300 && r.more(); op++ {
 		now := clk.Now()
-		switch r.pick(9) {
+		switch r.pick(10) {
 		case 0, 1: // Allow
 			req := ratelimit.Request{Hold: holds[r.pick(len(holds))], Priority: ratelimit.Priority(r.pick(2))}
 			used := map[string]bool{}
@@ -228,7 +257,7 @@ func runFuzz(t *testing.T, data []byte) {
 						}
 					}
 					b := m.buckets[bucketKey(c.Limit.Kind, c.Scope)]
-					b.set(math.Min(float64(b.lim.Burst), b.levelAt(now)-float64(a-c.Cost)), now)
+					b.set(math.Min(b.burst(now), b.levelAt(now)-float64(a-c.Cost)), now)
 				}
 			}
 		case 5: // Observe
@@ -242,6 +271,21 @@ func runFuzz(t *testing.T, data []byte) {
 			if lv := b.levelAt(now); lv > float64(max(rem, 0)) {
 				b.set(float64(max(rem, 0)), now)
 			}
+		case 9: // Learn
+			kind := ratelimit.Kind(1 + r.pick(2))
+			s := scopes[r.pick(len(scopes))]
+			x := ratelimit.Learned{Limit: 1 + r.u16()%6000, Remaining: r.u16()%6000 - 100, TTL: time.Duration(1+r.u16()) * time.Millisecond}
+			if err := l.Learn(ctx, s, limitOf(kind, s), x); err != nil {
+				t.Fatalf("op %d: Learn: %v", op, err)
+			}
+			b := m.buckets[bucketKey(kind, s)]
+			lv := b.levelAt(now)
+			b.learned, b.until = x.Limit, now.Add(x.TTL)
+			lv = math.Min(lv, b.burst(now))
+			if x.Remaining >= 0 {
+				lv = math.Min(lv, float64(x.Remaining))
+			}
+			b.set(lv, now)
 		case 6: // Cooldown
 			s := scopes[r.pick(len(scopes))]
 			d := time.Duration(1+r.u16()) * time.Millisecond
@@ -328,7 +372,7 @@ func checkAllow(t *testing.T, l *ratelimit.Limiter, m *model, req ratelimit.Requ
 	}
 	// What the model says: fits for sure, refused for sure, or too close.
 	fits, refused, edge := true, false, false
-	waitFor, unknown, first := time.Duration(0), false, -1
+	waitFor, first := time.Duration(0), -1
 	need := map[string]float64{} // bucket -> total cost of this request on it
 	for _, c := range req.Charges {
 		if c.Limit.Kind != ratelimit.Concurrency {
@@ -346,16 +390,26 @@ func checkAllow(t *testing.T, l *ratelimit.Limiter, m *model, req ratelimit.Requ
 			no, w = true, end.Sub(now)
 		}
 		if c.Limit.Kind == ratelimit.Concurrency {
-			if m.live(c.Scope, now)+1 > c.Limit.Limit {
-				no, unknown = true, true
+			if n := m.live(c.Scope, now); n+1 > c.Limit.Limit {
+				// Full: a slot frees at the latest when the earliest permit
+				// that must go expires.
+				var exp []time.Time
+				for _, e := range m.permits[c.Scope] {
+					if now.Before(e) {
+						exp = append(exp, e)
+					}
+				}
+				slices.SortFunc(exp, func(a, b time.Time) int { return a.Compare(b) })
+				no, w = true, max(w, exp[n-c.Limit.Limit].Sub(now), time.Nanosecond)
 			}
 		} else {
 			b := m.buckets[bucketKey(c.Limit.Kind, c.Scope)]
-			lv, cost := b.levelAt(now), need[bucketKey(c.Limit.Kind, c.Scope)]
+			// A cost above a learned bucket waits for a full one.
+			lv, cost := b.levelAt(now), math.Min(need[bucketKey(c.Limit.Kind, c.Scope)], b.burst(now))
 			switch {
 			case lv < cost-eps:
 				no = true
-				w = max(w, time.Duration(math.Ceil((cost-lv)/b.rate())))
+				w = max(w, time.Duration(math.Ceil((cost-lv)/b.rate(now))))
 			case lv < cost+eps:
 				edge = true
 			}
@@ -378,9 +432,6 @@ func checkAllow(t *testing.T, l *ratelimit.Limiter, m *model, req ratelimit.Requ
 			t.Fatalf("denied by %q %v, want the first refusing charge %q %v", d.DeniedBy, d.DeniedKind, req.Charges[first].Scope, req.Charges[first].Limit.Kind)
 		}
 		want := waitFor
-		if unknown {
-			want = 0
-		}
 		if tolerance := time.Microsecond + time.Duration(float64(want)*1e-6); d.RetryAfter < want-tolerance || d.RetryAfter > want+tolerance {
 			t.Fatalf("RetryAfter = %v, want %v", d.RetryAfter, want)
 		}
@@ -443,7 +494,7 @@ func checkStatuses(t *testing.T, m *model, req ratelimit.Request, d ratelimit.De
 		if lo, hi := int64(math.Floor(lv-eps)), int64(math.Floor(lv+eps)); st.Remaining < max(lo, 0) || st.Remaining > max(hi, 0) {
 			t.Fatalf("status %d: %d left, model says %.9f", i, st.Remaining, lv)
 		}
-		want := time.Duration(math.Ceil((float64(b.lim.Burst) - lv) / b.rate()))
+		want := time.Duration(math.Ceil((b.burst(now) - lv) / b.rate(now)))
 		if tolerance := time.Microsecond + time.Duration(float64(want)*1e-6); st.Reset < want-tolerance || st.Reset > want+tolerance {
 			t.Fatalf("status %d: Reset %v, model says %v", i, st.Reset, want)
 		}

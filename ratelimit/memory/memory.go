@@ -43,6 +43,13 @@ var _ ratelimit.Backend = (*Backend)(nil)
 type bucket struct {
 	level float64
 	at    time.Time
+	// learned is the provider's own limit (Learn), in force until until;
+	// 0 if none.
+	learned int64
+	until   time.Time
+	// rate (units per ns) and burst are what the charge that last read
+	// the bucket (levelLocked) gets: its own, or lower ones learned.
+	rate, burst float64
 }
 
 type lane struct {
@@ -99,18 +106,46 @@ func rate(c ratelimit.Charge) float64 { // units per nanosecond
 	return float64(c.Limit.Limit) / float64(c.Limit.Window)
 }
 
-// levelLocked returns the refilled level of c's bucket; b.mu must be held.
+// learnedParams returns the rate and burst c gets under a learned limit:
+// the lower of its own and the learned one (see lib.lua's new_bucket).
+func learnedParams(c ratelimit.Charge, learned int64) (rate, burst float64) {
+	lim, bu := c.Limit.Limit, c.Limit.Burst
+	if learned < lim {
+		lim = learned
+	}
+	if learned < bu {
+		bu = learned
+	}
+	return float64(lim) / float64(c.Limit.Window), float64(bu)
+}
+
+// levelLocked returns c's bucket refilled to now, with the rate and burst
+// c gets set; b.mu must be held.
 func (b *Backend) levelLocked(c ratelimit.Charge, now time.Time) *bucket {
 	k := bucketKey(c)
 	bk := b.buckets[k]
-	burst := float64(c.Limit.Burst)
 	if bk == nil {
-		bk = &bucket{level: burst, at: now}
+		bk = &bucket{level: float64(c.Limit.Burst), at: now, rate: rate(c), burst: float64(c.Limit.Burst)}
 		b.buckets[k] = bk
 		return bk
 	}
+	if bk.learned > 0 && !now.Before(bk.until) {
+		// The learned limit ended since the last read: refill at its rate
+		// up to its end, at c's own from then on.
+		if bk.until.After(bk.at) {
+			r, bu := learnedParams(c, bk.learned)
+			bk.level = math.Min(bu, bk.level+float64(bk.until.Sub(bk.at))*r)
+			bk.at = bk.until
+		}
+		bk.learned = 0
+	}
+	if bk.learned > 0 {
+		bk.rate, bk.burst = learnedParams(c, bk.learned)
+	} else {
+		bk.rate, bk.burst = rate(c), float64(c.Limit.Burst)
+	}
 	if now.After(bk.at) {
-		bk.level = math.Min(burst, bk.level+float64(now.Sub(bk.at))*rate(c))
+		bk.level = math.Min(bk.burst, bk.level+float64(now.Sub(bk.at))*bk.rate)
 		bk.at = now
 	}
 	return bk
@@ -161,8 +196,9 @@ func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[limitKey]bool
 			}
 		} else {
 			bk := b.levelLocked(c, now)
-			if bk.level < float64(c.Cost) {
-				need := time.Duration(math.Ceil((float64(c.Cost) - bk.level) / rate(c)))
+			// A learned bucket smaller than the cost: wait for a full one.
+			if cost := math.Min(float64(c.Cost), bk.burst); bk.level < cost {
+				need := time.Duration(math.Ceil((cost - bk.level) / bk.rate))
 				deny = true
 				w = max(w, need)
 			}
@@ -211,7 +247,7 @@ func (b *Backend) decisionLocked(r *ratelimit.Request, ok bool, wait time.Durati
 		} else {
 			bk := b.levelLocked(c, now)
 			st.Remaining = max(int64(math.Floor(bk.level)), 0)
-			st.Reset = max(time.Duration(math.Ceil((float64(c.Limit.Burst)-bk.level)/rate(c))), 0)
+			st.Reset = max(time.Duration(math.Ceil((bk.burst-bk.level)/bk.rate)), 0)
 		}
 		d.Limits[i] = st
 	}
@@ -544,7 +580,7 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 				}
 			}
 			bk := b.levelLocked(c, now)
-			bk.level = math.Min(float64(c.Limit.Burst), bk.level-float64(a-c.Cost))
+			bk.level = math.Min(bk.burst, bk.level-float64(a-c.Cost))
 		}
 		set := b.blocked[c.Scope]
 		for ln := range set {
@@ -609,6 +645,23 @@ func (b *Backend) Observe(_ context.Context, scope string, l ratelimit.Limit, re
 	bk := b.levelLocked(ratelimit.Charge{Scope: scope, Limit: l}, b.clk.Now())
 	if bk.level > float64(remaining) {
 		bk.level = float64(remaining)
+	}
+	return nil
+}
+
+// Learn records the provider's own limit for scope's bucket of l; see
+// ratelimit.Backend.
+func (b *Backend) Learn(_ context.Context, scope string, l ratelimit.Limit, x ratelimit.Learned) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.clk.Now()
+	c := ratelimit.Charge{Scope: scope, Limit: l}
+	bk := b.levelLocked(c, now) // up to now under what was in force
+	bk.learned, bk.until = x.Limit, now.Add(x.TTL)
+	bk.rate, bk.burst = learnedParams(c, x.Limit)
+	bk.level = math.Min(bk.level, bk.burst)
+	if x.Remaining >= 0 {
+		bk.level = math.Min(bk.level, float64(x.Remaining))
 	}
 	return nil
 }

@@ -440,7 +440,7 @@ func TestFakeClockWaitOrderAcrossRefills(t *testing.T) {
 
 // FuzzLimiter drives a Limiter over the memory backend on a fake clock with
 // operations decoded from the input (Allow with random limits and costs,
-// Settle, Refund, Extend, Observe, Cooldown, clock steps, malformed
+// Settle, Refund, Extend, Observe, Learn, Cooldown, clock steps, malformed
 // requests) and checks every decision against a reference model of the
 // buckets, permits, cooldowns and reservations: never a panic, never an
 // admission that a bucket could not cover, never a refusal of a request

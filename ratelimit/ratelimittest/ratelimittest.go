@@ -101,6 +101,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) ratelimit.Backend) {
 		{"Cooldown", s.testCooldown},
 		{"CooldownWakesWaiter", s.testCooldownWakesWaiter},
 		{"Observe", s.testObserve},
+		{"Learn", s.testLearn},
+		{"LearnExpires", s.testLearnExpires},
+		{"LearnWaiterAtLearnedRate", s.testLearnWaiter},
 		{"StoreOutage", s.testStoreOutage},
 		{"Invalid", s.testInvalid},
 	}
@@ -238,6 +241,13 @@ func (p *spy) Observe(ctx context.Context, scope string, l ratelimit.Limit, rema
 		return errDown
 	}
 	return p.Backend.Observe(ctx, scope, l, remaining)
+}
+
+func (p *spy) Learn(ctx context.Context, scope string, l ratelimit.Limit, x ratelimit.Learned) error {
+	if p.down.Load() {
+		return errDown
+	}
+	return p.Backend.Learn(ctx, scope, l, x)
 }
 
 // ---------------------------------------------------------------------------
@@ -1643,6 +1653,121 @@ func (s *suite) testObserve(t *testing.T) {
 	}
 }
 
+// testLearn: a limit learned from the provider holds every replica's
+// charges on that bucket to its rate and its bucket, starting from what the
+// provider said was left; settles and refunds never raise the bucket above
+// it; a charge costing more than the learned bucket waits for a full one;
+// other kinds, windows and scopes keep their own limits; a later Learn
+// replaces it, also with a higher limit.
+func (s *suite) testLearn(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	a, b := s.client(t), s.client(t)
+	S, T, other := newScope(t, "S"), newScope(t, "T"), newScope(t, "other")
+
+	// Configured for 100 a second; the provider really allows 60 a minute
+	// and has 2 left.
+	lim := rpm(6000)
+	start := time.Now()
+	if err := a.Learn(ctx, S, lim, ratelimit.Learned{Limit: 60, Remaining: 2}); err != nil {
+		t.Fatal(err)
+	}
+	wantRemaining(t, ctx, b, S, lim, 2, 2+refilled(rpm(60), time.Since(start)), "on another replica after Learn(60, 2 left)")
+	mustAllow(t, ctx, b, one(S, lim, 1), "first of the 2 left")
+	mustAllow(t, ctx, b, one(S, lim, 1), "second of the 2 left")
+	d := mustDeny(t, ctx, b, one(S, lim, 1), "a third request")
+	wantDuration(t, d.RetryAfter, time.Second-time.Since(start)-tol, time.Second+tol, "RetryAfter at the learned rate (1/s, not 100/s)")
+	if d.DeniedBy != S || d.DeniedKind != ratelimit.Requests {
+		t.Fatalf("denied by %q %v, want %q requests", d.DeniedBy, d.DeniedKind, S)
+	}
+	// The same scope's other kinds and windows, and other scopes, keep
+	// their own limits.
+	wantRemaining(t, ctx, b, S, tpm(6000), 6000, 6000, "tokens of the scope")
+	wantRemaining(t, ctx, b, S, rph(6000), 6000, 6000, "requests per hour of the scope")
+	wantRemaining(t, ctx, b, other, lim, 6000, 6000, "another scope")
+
+	// Remaining not told: a full bucket of the learned limit.
+	tlim := tph(100_000) // hour windows: the learned 50 an hour refill nothing here
+	if err := b.Learn(ctx, T, tlim, ratelimit.Learned{Limit: 50, Remaining: -1}); err != nil {
+		t.Fatal(err)
+	}
+	wantRemaining(t, ctx, a, T, tlim, 50, 50, "after Learn(50, remaining not told)")
+	d = mustAllow(t, ctx, a, one(T, tlim, 20), "20 of the 50")
+	if got := d.Limits[0].Remaining; got != 30 {
+		t.Fatalf("Remaining after 20 of a learned 50 = %d, want 30", got)
+	}
+	mustRefund(t, ctx, a, d.ID)
+	wantRemaining(t, ctx, b, T, tlim, 50, 50, "after the refund: never above the learned bucket")
+	// A charge of 80, more than the learned bucket of 50, is admitted
+	// from a full one and takes its cost.
+	mustAllow(t, ctx, b, one(T, tlim, 80), "80 tokens from a full learned bucket of 50")
+	d = mustDeny(t, ctx, a, one(T, tlim, 1), "1 token after the 80")
+	if d.RetryAfter < 30*time.Minute {
+		t.Fatalf("RetryAfter %v for 31 tokens at 50 an hour, want about 37m", d.RetryAfter)
+	}
+	// A higher learned limit replaces it: the charge's own limit again
+	// (the bucket is not raised; it refills at 100,000 an hour).
+	if err := a.Learn(ctx, T, tlim, ratelimit.Learned{Limit: 1_000_000, Remaining: -1}); err != nil {
+		t.Fatal(err)
+	}
+	d = mustDeny(t, ctx, b, one(T, tlim, 1), "1 token after a higher Learn")
+	if most := time.Duration(float64(31*time.Hour)/100_000) + tol; d.RetryAfter > most {
+		t.Fatalf("RetryAfter %v after a higher Learn, want at most %v (the charge's own rate)", d.RetryAfter, most)
+	}
+	wantRemaining(t, ctx, a, T, tph(100_000), 0, 0, "not raised by a higher Learn")
+}
+
+// testLearnExpires: a learned limit holds for its TTL; then the charge's
+// own limit applies again.
+func (s *suite) testLearnExpires(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	a, b := s.client(t), s.client(t)
+	S := newScope(t, "S")
+	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 100, Window: time.Second} // one per 10ms
+	const ttl = 300 * time.Millisecond
+	before := time.Now()
+	if err := a.Learn(ctx, S, lim, ratelimit.Learned{Limit: 1, Remaining: 0, TTL: ttl}); err != nil { // one a second, none left
+		t.Fatal(err)
+	}
+	learned := time.Now()
+	d := mustDeny(t, ctx, b, one(S, lim, 1), "while the learned limit holds")
+	wantDuration(t, d.RetryAfter, time.Second-time.Since(before)-tol, time.Second+tol, "RetryAfter at the learned rate")
+	// Time itself is the subject: let the learned limit end, and 200ms
+	// more at the charge's own rate (20 requests' worth).
+	time.Sleep(time.Until(learned.Add(ttl + 200*time.Millisecond)))
+	lo := refilled(lim, time.Since(learned)-ttl)
+	got := remaining(t, ctx, b, S, lim)
+	// Under the learned limit, its bucket of 1 would be all there is.
+	if hi := 2 + refilled(lim, time.Since(before)-ttl); got < lo || got > hi {
+		t.Fatalf("%d requests left %v after the learned limit ended, want between %d and %d (the charge's own rate)", got, ttl, lo, hi)
+	}
+}
+
+// testLearnWaiter: a waiter on a bucket whose limit was learned is admitted
+// when the learned rate has refilled its cost, not sooner, without renewing.
+func (s *suite) testLearnWaiter(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	a, w := s.client(t), s.client(t)
+	S := newScope(t, "S")
+	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 1000, Window: time.Second}
+	start := time.Now()
+	// The provider allows 4 a second (one per 250ms) and has none left.
+	if err := a.Learn(ctx, S, lim, ratelimit.Learned{Limit: 4, Remaining: 0}); err != nil {
+		t.Fatal(err)
+	}
+	set := time.Now()
+	r := one(S, lim, 1)
+	r.ID = newID("waiter")
+	got := receive(t, queue(t, ctx, w, r, "waiter on a learned bucket"), waitBound, "waiter on a learned bucket")
+	const period = 250 * time.Millisecond
+	if early := start.Add(period).Sub(got.at); early > 2*time.Millisecond {
+		t.Fatalf("admitted %v before the learned rate had refilled one request", early)
+	}
+	if late := got.at.Sub(set.Add(period)); late > hintBound {
+		t.Fatalf("admitted %v after the learned rate refilled one request, want within %v", late, hintBound)
+	}
+	mustDeny(t, ctx, a, one(S, lim, 1), "right after the waiter")
+}
+
 // ---------------------------------------------------------------------------
 // Outages and validation
 
@@ -1687,6 +1812,9 @@ func (s *suite) testStoreOutage(t *testing.T) {
 	}
 	if err := c.Settle(ctx, d.ID, []int64{1, 10}); err == nil {
 		t.Fatalf("Settle in an outage = nil, want an error")
+	}
+	if err := c.Learn(ctx, A, rpm(10), ratelimit.Learned{Limit: 5, Remaining: 0}); !errors.Is(err, ratelimit.ErrStoreUnavailable) {
+		t.Fatalf("Learn in an outage = %v, want ErrStoreUnavailable", err)
 	}
 
 	c.spy.down.Store(false)
@@ -1745,6 +1873,25 @@ func (s *suite) testInvalid(t *testing.T) {
 	}
 	if err := c.Observe(ctx, S, ratelimit.Limit{Kind: ratelimit.Requests, Limit: 10}, 1); !errors.Is(err, ratelimit.ErrInvalid) {
 		t.Errorf("Observe with no window = %v, want ErrInvalid", err)
+	}
+	for _, tc := range []struct {
+		name  string
+		scope string
+		lim   ratelimit.Limit
+		x     ratelimit.Learned
+	}{
+		{"no scope", "", rpm(10), ratelimit.Learned{Limit: 5}},
+		{"concurrency", S, conc(10), ratelimit.Learned{Limit: 5}},
+		{"no window", S, ratelimit.Limit{Kind: ratelimit.Requests, Limit: 10}, ratelimit.Learned{Limit: 5}},
+		{"learned 0", S, rpm(10), ratelimit.Learned{Limit: 0}},
+		{"learned negative", S, rpm(10), ratelimit.Learned{Limit: -5}},
+		{"learned above MaxAmount", S, rpm(10), ratelimit.Learned{Limit: ratelimit.MaxAmount + 1}},
+		{"TTL below 1ms", S, rpm(10), ratelimit.Learned{Limit: 5, TTL: 500 * time.Microsecond}},
+		{"negative TTL", S, rpm(10), ratelimit.Learned{Limit: 5, TTL: -time.Second}},
+	} {
+		if err := c.Learn(ctx, tc.scope, tc.lim, tc.x); !errors.Is(err, ratelimit.ErrInvalid) {
+			t.Errorf("Learn with %s = %v, want ErrInvalid", tc.name, err)
+		}
 	}
 	// Nothing invalid reached the store.
 	if st := c.Stats(); st.StoreErrors != 0 {

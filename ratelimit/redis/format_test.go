@@ -2,9 +2,11 @@ package redis_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -189,5 +191,142 @@ func TestSpecCarriesAnyBytes(t *testing.T) {
 				t.Fatalf("Settle of an unknown id = %v", err)
 			}
 		})
+	}
+}
+
+// bucketField reads a bucket's stored value (see lib.lua).
+func bucketField(t *testing.T, ctx context.Context, c rueidis.Client, scope string, l ratelimit.Limit) string {
+	t.Helper()
+	kind := map[ratelimit.Kind]string{ratelimit.Requests: "r", ratelimit.Tokens: "t"}[l.Kind]
+	v, err := c.Do(ctx, c.B().Hget().Key(base+":s").Field("b:"+scope+":"+kind+":"+strconv.FormatInt(l.Window.Microseconds(), 10)).Build()).ToString()
+	if err != nil {
+		t.Fatalf("HGET of the bucket of %q: %v", scope, err)
+	}
+	return v
+}
+
+// doubles unpacks little-endian doubles.
+func doubles(v string) []float64 {
+	var out []float64
+	for i := 0; i+8 <= len(v); i += 8 {
+		out = append(out, math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[i:i+8]))))
+	}
+	return out
+}
+
+func packDoubles(f ...float64) string {
+	var b []byte
+	for _, x := range f {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
+	}
+	return string(b)
+}
+
+// TestLearnedLimitFormat: a bucket with a learned limit in force is stored
+// as 32 bytes (level, updated_us, learned limit, end_us) and keeps them
+// through admissions; the first write after the learned limit ended goes
+// back to the 16 bytes of a plain bucket. A 32-byte field whose learned
+// limit ended before it was read refills at the learned rate up to the end
+// and at the charge's own rate after it.
+func TestLearnedLimitFormat(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ctx := testCtx(t, 30*time.Second)
+	c := r.Client(t)
+	l := ratelimit.New(redis.New(c, redis.Config{}))
+
+	t.Run("Written", func(t *testing.T) {
+		S := newScope(t, "S")
+		lim := rpm(600)
+		const ttl = 400 * time.Millisecond
+		before := serverMicros(t, ctx, c)
+		if err := l.Learn(ctx, S, lim, ratelimit.Learned{Limit: 60, Remaining: 10, TTL: ttl}); err != nil {
+			t.Fatal(err)
+		}
+		after := serverMicros(t, ctx, c)
+		v := bucketField(t, ctx, c, S, lim)
+		f := doubles(v)
+		if len(v) != 32 || f[0] != 10 || f[1] < float64(before) || f[1] > float64(after) || f[2] != 60 || f[3] != f[1]+float64(ttl.Microseconds()) {
+			t.Fatalf("bucket after Learn = %d bytes %v, want level 10, now, 60, now+%v", len(v), f, ttl)
+		}
+		d := mustAllow(t, ctx, l, one(S, lim, 1), "under the learned limit")
+		if d.Limits[0].Remaining != 9 {
+			t.Fatalf("Remaining %d, want 9", d.Limits[0].Remaining)
+		}
+		if g := doubles(bucketField(t, ctx, c, S, lim)); len(g) != 4 || g[2] != 60 || g[3] != f[3] {
+			t.Fatalf("bucket after an admission = %v, want the learned limit kept", g)
+		}
+		// Past its end (time itself is the subject), the next write drops it.
+		time.Sleep(time.Duration(int64(f[3])-serverMicros(t, ctx, c)+1000) * time.Microsecond)
+		mustAllow(t, ctx, l, one(S, lim, 1), "after the learned limit ended")
+		if v := bucketField(t, ctx, c, S, lim); len(v) != 16 {
+			t.Fatalf("bucket after the learned limit ended = %d bytes %v, want 16", len(v), doubles(v))
+		}
+	})
+
+	t.Run("EndedBeforeRead", func(t *testing.T) {
+		S := newScope(t, "S")
+		lim := rpm(600) // 10 a second; learned 60 a minute: 1 a second
+		now := serverMicros(t, ctx, c)
+		// Empty 2s ago, under a learned limit that ended 1s ago: 1 from the
+		// learned second, 10 from the second at the charge's own rate.
+		field := "b:" + S + ":r:" + strconv.FormatInt(time.Minute.Microseconds(), 10)
+		if err := c.Do(ctx, c.B().Hset().Key(base+":s").FieldValue().FieldValue(field, packDoubles(0, float64(now-2_000_000), 60, float64(now-1_000_000))).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		d := mustAllow(t, ctx, l, one(S, lim, 1), "after a learned limit that ended")
+		// 11 (and what refilled since now, well below one unit at 10/s
+		// unless the machine stalls for 100ms) minus this request.
+		if got := d.Limits[0].Remaining; got < 10 || got > 11 {
+			t.Fatalf("Remaining %d, want 10 (1 at the learned rate, 10 at the own rate, minus 1)", got)
+		}
+		if v := bucketField(t, ctx, c, S, lim); len(v) != 16 {
+			t.Fatalf("bucket = %d bytes, want 16", len(v))
+		}
+	})
+}
+
+// TestLearnedLimitCostsNoCommand: a learned limit lives in its bucket's
+// field, so a decision under one runs the same commands as any other (one
+// script, the same calls inside it).
+func TestLearnedLimitCostsNoCommand(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ctx := testCtx(t, 30*time.Second)
+	l := ratelimit.New(redis.New(r.Client(t), redis.Config{}))
+	observer := r.Client(t)
+	inside := func(dep string) int64 {
+		t.Helper()
+		req := ratelimit.Request{Charges: []ratelimit.Charge{
+			{Scope: dep, Limit: rpm(100_000)},
+			{Scope: dep, Limit: ratelimit.Limit{Kind: ratelimit.Tokens, Limit: 10_000_000, Window: time.Minute}, Cost: 500},
+			{Scope: dep + "/tenant", Limit: rpm(100_000)},
+		}}
+		mustAllow(t, ctx, l, req, "warm-up")
+		before := commandstats(t, observer)
+		const n = 50
+		for i := range n {
+			mustAllow(t, ctx, l, req, fmt.Sprintf("decision %d", i))
+		}
+		after := commandstats(t, observer)
+		inner := int64(0)
+		for cmd, calls := range after {
+			switch cmd {
+			case "evalsha", "eval", "info", "ping", "hello", "client", "script":
+				// the script itself and what clients send around it
+			default:
+				inner += calls - before[cmd]
+			}
+		}
+		if scripts := after["evalsha"] + after["eval"] - before["evalsha"] - before["eval"]; scripts != n {
+			t.Fatalf("%d scripts for %d decisions", scripts, n)
+		}
+		return inner
+	}
+	plain := inside(newScope(t, "plain"))
+	learned := newScope(t, "learned")
+	if err := l.Learn(ctx, learned, rpm(100_000), ratelimit.Learned{Limit: 50_000, Remaining: -1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inside(learned); got != plain {
+		t.Fatalf("%d commands inside 50 decisions under a learned limit, %d without", got, plain)
 	}
 }

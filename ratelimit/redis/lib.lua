@@ -3,7 +3,9 @@
 -- Every key lives under B = KEYS[1] = "<prefix>{<group>}", one Cluster slot:
 --   B:s                hash  shared state, read and written in one call per decision:
 --                            b:<scope>:<r|t>:<window_us> -> rate bucket: level and updated_us,
---                              two little-endian doubles (struct '<dd', 16 bytes)
+--                              two little-endian doubles (struct '<dd', 16 bytes); while a
+--                              limit learned from the provider is in force (learn.lua), also
+--                              that limit and when it ends (µs): '<dddd', 32 bytes
 --                            cd:<scope> -> cooldown end (µs, decimal)
 --                      A bucket's stored level only matters until it has refilled; a stale
 --                      field reads as a full bucket. Fields number one per configured limit.
@@ -35,10 +37,14 @@
 -- starting, for a deferred admission), index of the first refusing charge (0 none), then per
 -- charge remaining and reset_ms. A wake-up list carries the waiter's decision when it is
 -- admitted, or a hint "0 wait_us d" when it became the first in its lane that cannot go yet.
+-- Learned limits: a bucket with a learned limit L in force gives every charge on it the rate
+-- min(limit, L) / window and the burst min(burst, L); a charge costing more than that burst
+-- waits for a full bucket. The next write after L ends drops it (16 bytes again).
 -- Upgrade: reservations ("state\n<JSON spec>\ndecision") and queued entries (B:e) written by
 -- the versions before the binary spec, and their "level updated_us" bucket fields, are still
 -- read (reservation, spec_of, new_bucket); the entries expire within their hold or lease.
--- While both run, an older version reads the new bucket fields as full buckets, does not know
+-- While both run, an older version reads the new bucket fields (and the 32-byte ones of
+-- learned limits) as full buckets, drops a learned limit when it writes a bucket, does not know
 -- the new reservations (its Settle says unknown; they expire within their hold) and drops the
 -- new waiters it meets from its lane walks (they queue again when they renew).
 -- Time comes from the server only.
@@ -105,15 +111,37 @@ local function spec_of(s)
   return f
 end
 
+-- learned_params returns the rate and burst of charge k of f under a learned limit ll.
+local function learned_params(f, k, ll)
+  local limit, burst = f[k + 5], f[k + 7]
+  if ll < limit then limit = ll end
+  if ll < burst then burst = ll end
+  return limit / f[k + 6], burst
+end
+
 -- new_bucket makes the bucket of charge k of f from its stored value v.
 local function new_bucket(S, f, k, v)
   local rate = f[k + 5] / f[k + 6] -- units per µs
   local burst = f[k + 7]
   local level = burst
+  local ll, lu = nil, nil -- learned limit in force, and its end
   if v then
     local l, t
-    if #v == 16 then
+    local n = #v
+    if n == 16 then
       l, t = struct.unpack('<dd', v)
+    elseif n == 32 then -- with a learned limit
+      local a, e
+      l, t, a, e = struct.unpack('<dddd', v)
+      local lrate, lburst = learned_params(f, k, a)
+      if e > S.now_us then
+        ll, lu, rate, burst = a, e, lrate, lburst
+      elseif e > t then
+        -- It ended since: its rate up to its end, the charge's own after.
+        l = l + (e - t) * lrate
+        if l > lburst then l = lburst end
+        t = e
+      end
     else -- "level updated_us", written before the binary levels
       l, t = string.match(v, '^(%S+) (%d+)$')
       l, t = tonumber(l), tonumber(t)
@@ -123,7 +151,7 @@ local function new_bucket(S, f, k, v)
       if level > burst then level = burst end
     end
   end
-  local b = {key = f[k + 3], level = level, rate = rate, burst = burst, dirty = false}
+  local b = {key = f[k + 3], level = level, rate = rate, burst = burst, dirty = false, learned = ll, learned_until = lu}
   S.buckets[b.key] = b
   return b
 end
@@ -218,6 +246,7 @@ local function evaluate(S, f, blocked)
     else
       local b = buckets[f[k + 3]] -- read by prefetch
       local cost = f[k + 8]
+      if cost > b.burst then cost = b.burst end -- under a learned limit: wait for a full bucket
       if b.level < cost then
         local need = (cost - b.level) / b.rate
         if w == nil or (w >= 0 and need > w) then w = need end
@@ -298,7 +327,11 @@ local function flush(S)
     local args = {}
     for i = 1, #dirty do
       local b = dirty[i]
-      args[2 * i - 1], args[2 * i] = b.key, struct.pack('<dd', b.level, S.now_us)
+      if b.learned then
+        args[2 * i - 1], args[2 * i] = b.key, struct.pack('<dddd', b.level, S.now_us, b.learned, b.learned_until)
+      else
+        args[2 * i - 1], args[2 * i] = b.key, struct.pack('<dd', b.level, S.now_us)
+      end
       b.dirty = false
     end
     S.dirty = {}

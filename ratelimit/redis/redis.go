@@ -37,12 +37,15 @@ var (
 	cooldownSrc string
 	//go:embed observe.lua
 	observeSrc string
+	//go:embed learn.lua
+	learnSrc string
 
 	admitScript    = rueidis.NewLuaScript(libSrc + "\n" + admitSrc)
 	settleScript   = rueidis.NewLuaScript(libSrc + "\n" + settleSrc)
 	extendScript   = rueidis.NewLuaScript(libSrc + "\n" + extendSrc)
 	cooldownScript = rueidis.NewLuaScript(libSrc + "\n" + cooldownSrc)
 	observeScript  = rueidis.NewLuaScript(libSrc + "\n" + observeSrc)
+	learnScript    = rueidis.NewLuaScript(libSrc + "\n" + learnSrc)
 )
 
 // Defaults for Config.
@@ -322,6 +325,20 @@ func (b *Backend) Observe(ctx context.Context, scope string, l ratelimit.Limit, 
 	err = observeScript.Exec(ctx, b.c, []string{b.base}, []string{sp, strconv.FormatInt(remaining, 10)}).Error()
 	if err != nil {
 		return unavailable("observe", err)
+	}
+	return nil
+}
+
+// Learn records the provider's own limit for scope's bucket of l; see
+// ratelimit.Backend.
+func (b *Backend) Learn(ctx context.Context, scope string, l ratelimit.Limit, x ratelimit.Learned) error {
+	sp, err := encodeSpec(&ratelimit.Request{Charges: []ratelimit.Charge{{Scope: scope, Limit: l}}, Hold: time.Millisecond})
+	if err != nil {
+		return err
+	}
+	args := []string{sp, strconv.FormatInt(x.Limit, 10), strconv.FormatInt(max(x.Remaining, -1), 10), strconv.FormatInt(max(x.TTL.Milliseconds(), 1), 10)}
+	if err := learnScript.Exec(ctx, b.c, []string{b.base}, args).Error(); err != nil {
+		return unavailable("learn", err)
 	}
 	return nil
 }
