@@ -28,7 +28,7 @@ func replicas(t *testing.T, n int, q ratelimit.LocalQuota) []*ratelimit.Limiter 
 // slowLimits refill less than one unit during these tests, so what Redis
 // has left shows exactly what was charged.
 func slowLimits(requests, tokens, cost int64) ratelimit.Request {
-	const window = 10_000 * time.Hour
+	const window = 1_000_000 * time.Hour // tokens: 1e9 of them refill 0.28 a second
 	return ratelimit.Request{Charges: []ratelimit.Charge{
 		{Scope: "deployment:k/m", Limit: ratelimit.Limit{Kind: ratelimit.Requests, Limit: requests, Window: window}},
 		{Scope: "deployment:k/m", Limit: ratelimit.Limit{Kind: ratelimit.Tokens, Limit: tokens, Window: window}, Cost: cost},
