@@ -34,6 +34,33 @@ type Feedback struct {
 	// Kind says which limit a 429 was about: "requests", "tokens" or "" when
 	// the error body does not tell (or for other statuses).
 	Kind string
+	// Reported is what a 429's message said about the limit it hit ("...
+	// on requests per min (RPM): Limit 5, Used 5, Requested 1."); zero when
+	// it said nothing readable, and for other statuses. It is kept apart
+	// from the x-ratelimit-* values above, which it never fills in: it may
+	// be about a per-day limit (Reported.Window tells), where the headers
+	// are per minute.
+	Reported LimitReport
+}
+
+// LimitReport is what a 429's message said about the rate limit it hit, in
+// OpenAI's words: "Rate limit reached for gpt-4.1 in organization org-x on
+// tokens per min (TPM): Limit 100, Used 96, Requested 48. Please try again
+// in 26.4s." (compatible servers say the same), or in its older ones: "...
+// on requests per day. Limit: 200 / day. Current: 200 / day.".
+type LimitReport struct {
+	// Kind is "requests" or "tokens"; "" when the message named no rate
+	// limit with its allowance, and then every field is zero.
+	Kind string
+	// Window is the limit's period: time.Minute (per min, RPM, TPM) or
+	// 24h (per day, RPD, TPD).
+	Window time.Duration
+	// Limit is the allowance per Window, at least 1.
+	Limit int64
+	// Used is what the message says was used of it (Used, or Current in
+	// older messages) and Requested what the refused request asked for;
+	// -1 when it does not say.
+	Used, Requested int64
 }
 
 // HasLimits reports whether any x-ratelimit-* value was present.
@@ -144,10 +171,25 @@ type errorBody struct {
 // "tokens" or ""), and whether it is rather an exhausted quota
 // (insufficient_quota: billing, which no retry can fix).
 func rateLimitKind(body []byte) (kind string, quota bool) {
+	kind, quota, _ = rateLimitInfo(body)
+	return kind, quota
+}
+
+// rateLimitInfo is rateLimitKind with what the message reports about the
+// limit (zero for a quota error).
+func rateLimitInfo(body []byte) (kind string, quota bool, rep LimitReport) {
 	var e errorBody
 	// A field of another JSON type (a numeric code, say) is skipped, and
 	// the others are still filled: the error can be ignored.
 	_ = json.Unmarshal(body, &e)
+	kind, quota = errorKind(e)
+	if !quota {
+		rep = parseLimitReport(e.Error.Message)
+	}
+	return kind, quota, rep
+}
+
+func errorKind(e errorBody) (kind string, quota bool) {
 	for _, s := range [...]string{e.Error.Type, e.Error.Code} {
 		switch {
 		case s == "insufficient_quota":
@@ -170,4 +212,154 @@ func rateLimitKind(body []byte) (kind string, quota bool) {
 		return "", true
 	}
 	return "", false
+}
+
+// maxReported bounds the numbers read from a message: an allowance above
+// it is no allowance anyone has (and the limiter computes up to 2^53).
+const maxReported = 1<<53 - 1
+
+// parseLimitReport reads the first "<requests|tokens> per <min|minute|day>"
+// of message, then, after it, the limit's numbers: "Limit N" (or "Limit:
+// N / min"), "Used N" (or "Current: N"), "Requested N". A period it does
+// not know, an abbreviation that contradicts the phrase ("per min (RPD)"),
+// a unit after a number that is not the period's, or no readable Limit
+// leave it zero. It never fails.
+func parseLimitReport(message string) LimitReport {
+	for i := 0; ; {
+		j := strings.Index(message[i:], " per ")
+		if j < 0 {
+			return LimitReport{}
+		}
+		at := i + j
+		i = at + len(" per ")
+		kind := ""
+		switch w := lastWord(message[:at]); {
+		case strings.HasPrefix(w, "requests"):
+			kind = "requests"
+		case strings.HasPrefix(w, "tokens"):
+			kind = "tokens"
+		default:
+			continue // "30 units per second" and the like
+		}
+		unit, rest := firstWord(message[i:])
+		window := period(unit)
+		if window == 0 {
+			return LimitReport{}
+		}
+		rest = strings.TrimLeft(rest, " ")
+		if strings.HasPrefix(rest, "(") {
+			abbr, _, ok := strings.Cut(rest[1:], ")")
+			if ok && !abbrMatches(abbr, kind, window) {
+				return LimitReport{} // it says one thing and its abbreviation another
+			}
+		}
+		r := LimitReport{Kind: kind, Window: window, Used: -1, Requested: -1}
+		var ok bool
+		if r.Limit, ok = reportedNumber(rest, "Limit", window); !ok || r.Limit < 1 {
+			return LimitReport{}
+		}
+		if r.Used, ok = reportedNumber(rest, "Used", window); !ok {
+			if r.Used, ok = reportedNumber(rest, "Current", window); !ok {
+				r.Used = -1
+			}
+		}
+		if r.Requested, ok = reportedNumber(rest, "Requested", window); !ok {
+			r.Requested = -1
+		}
+		return r
+	}
+}
+
+// lastWord returns the word that ends s (after its last space).
+func lastWord(s string) string {
+	return s[strings.LastIndexByte(s, ' ')+1:]
+}
+
+// firstWord returns the letters that start s, and what follows them.
+func firstWord(s string) (word, rest string) {
+	n := 0
+	for n < len(s) && isLetter(s[n]) {
+		n++
+	}
+	return s[:n], s[n:]
+}
+
+func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+// period reads a limit's period: "min", "minute", "day"; 0 if unknown.
+func period(unit string) time.Duration {
+	switch strings.ToLower(unit) {
+	case "min", "minute":
+		return time.Minute
+	case "day":
+		return 24 * time.Hour
+	}
+	return 0
+}
+
+// abbrMatches reports whether an abbreviation such as "RPM" or "TPD" names
+// a limit of kind per window. One it does not know (not three letters of
+// that shape) is not a contradiction.
+func abbrMatches(abbr, kind string, window time.Duration) bool {
+	if len(abbr) != 3 || abbr[1] != 'P' || (abbr[0] != 'R' && abbr[0] != 'T') || (abbr[2] != 'M' && abbr[2] != 'D') {
+		return true
+	}
+	return (abbr[0] == 'R') == (kind == "requests") && (abbr[2] == 'M') == (window == time.Minute)
+}
+
+// reportedNumber finds the word key in s (not inside another word) and
+// reads the number after it ("Limit 5", "Limit: 200 / day"); a unit after
+// the number must name window. ok false if there is none, or it is
+// unreadable or beyond maxReported.
+func reportedNumber(s, key string, window time.Duration) (n int64, ok bool) {
+	for from := 0; ; {
+		k := strings.Index(s[from:], key)
+		if k < 0 {
+			return 0, false
+		}
+		at := from + k
+		from = at + len(key)
+		if at > 0 && isLetter(s[at-1]) {
+			continue
+		}
+		rest := strings.TrimPrefix(s[from:], ":")
+		digits := strings.TrimLeft(rest, " ")
+		if len(digits) == len(rest) || len(digits) == 0 || !isDigit(digits[0]) {
+			continue // "Limits", "Limit reached", "Used up"
+		}
+		// Digits, with commas between groups of three ("1,000,000").
+		var b []byte
+		end := 0
+		for end < len(digits) {
+			c := digits[end]
+			switch {
+			case isDigit(c):
+				b = append(b, c)
+				end++
+				continue
+			case c == ',' && end+4 <= len(digits) && isDigit(digits[end+1]) && isDigit(digits[end+2]) && isDigit(digits[end+3]) &&
+				(end+4 == len(digits) || !isDigit(digits[end+4])):
+				end++
+				continue
+			}
+			break
+		}
+		if len(b) > 16 {
+			return 0, false
+		}
+		v, err := strconv.ParseInt(string(b), 10, 64)
+		if err != nil || v > maxReported {
+			return 0, false
+		}
+		// "Limit: 200 / day": the unit, when there is one, is the period's.
+		if after := strings.TrimLeft(digits[end:], " "); strings.HasPrefix(after, "/") {
+			unit, _ := firstWord(strings.TrimLeft(after[1:], " "))
+			if period(unit) != window {
+				return 0, false
+			}
+		}
+		return v, true
+	}
 }

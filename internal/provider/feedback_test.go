@@ -107,3 +107,91 @@ func TestRateLimitKind(t *testing.T) {
 		}
 	}
 }
+
+func TestParseLimitReport(t *testing.T) {
+	const day = 24 * time.Hour
+	rep := func(kind string, w time.Duration, limit, used, requested int64) LimitReport {
+		return LimitReport{Kind: kind, Window: w, Limit: limit, Used: used, Requested: requested}
+	}
+	for _, tc := range []struct {
+		name, msg string
+		want      LimitReport
+	}{
+		{"openai RPM",
+			"Rate limit reached for gpt-4.1 in organization org-x on requests per min (RPM): Limit 5, Used 5, Requested 1. Please try again in 12s. Visit https://platform.openai.com/account/rate-limits to learn more.",
+			rep("requests", time.Minute, 5, 5, 1)},
+		{"openai TPM",
+			"Rate limit reached for gpt-4.1 in organization org-x on tokens per min (TPM): Limit 100, Used 96, Requested 48. Please try again in 26.4s.",
+			rep("tokens", time.Minute, 100, 96, 48)},
+		{"openai TPM, real",
+			"Rate limit reached for gpt-4o in organization org-uOtiSEwvUnroadaOnJJquBEC on tokens per min (TPM): Limit 30000, Used 29937, Requested 385. Please try again in 644ms.",
+			rep("tokens", time.Minute, 30000, 29937, 385)},
+		{"RPD is per day",
+			"Rate limit reached for gpt-4.1 in organization org-x on requests per day (RPD): Limit 200, Used 200, Requested 1. Please try again in 7m12s.",
+			rep("requests", day, 200, 200, 1)},
+		{"TPD is per day",
+			"Rate limit reached for gpt-4.1 in organization org-x on tokens per day (TPD): Limit 900000, Used 899990, Requested 40.",
+			rep("tokens", day, 900000, 899990, 40)},
+		{"request too large: no Used",
+			"Request too large for gpt-4.1 in organization org-sim on tokens per min (TPM): Limit 100, Requested 500. The input or output tokens must be reduced in order to run successfully.",
+			rep("tokens", time.Minute, 100, -1, 500)},
+		{"older format",
+			"Rate limit reached for 10KTPM-200RPM in organization org-x on tokens per min. Limit: 10000 / min. Please try again in 6ms. Contact us through our help center at help.openai.com if you continue to have issues.",
+			rep("tokens", time.Minute, 10000, -1, -1)},
+		{"older format with Current",
+			"Rate limit reached for default-gpt-3.5-turbo in organization org-x on requests per min. Limit: 3 / min. Current: 3 / min. Contact us through our help center.",
+			rep("requests", time.Minute, 3, 3, -1)},
+		{"older format per day",
+			"Rate limit reached for default-text-davinci-003 in organization org-x on requests per day. Limit: 200 / day. Please try again in 7m12s.",
+			rep("requests", day, 200, -1, -1)},
+		{"groq: per minute, tiers in backticks",
+			"Rate limit reached for model `llama3-70b-8192` in organization `org_01` service tier `on_demand` on tokens per minute (TPM): Limit 6000, Used 5963, Requested 240. Please try again in 2.03s.",
+			rep("tokens", time.Minute, 6000, 5963, 240)},
+		{"tokens_usage_based",
+			"Rate limit reached for gpt-4 in organization org-x on tokens_usage_based per min: Limit 150000, Used 149000, Requested 2000.",
+			rep("tokens", time.Minute, 150000, 149000, 2000)},
+		{"thousands separators",
+			"Rate limit reached on tokens per min (TPM): Limit 1,000,000, Used 999,500, Requested 1,200.",
+			rep("tokens", time.Minute, 1_000_000, 999_500, 1200)},
+
+		{"concurrency is no rate", "Rate limit reached for gpt-4.1 in organization org-sim on concurrent requests: Limit 2, In flight 2, Requested 1. Please try again once a request completes.", LimitReport{}},
+		{"abbreviation contradicts the period", "Rate limit reached on requests per min (RPD): Limit 200, Used 200, Requested 1.", LimitReport{}},
+		{"abbreviation contradicts the kind", "Rate limit reached on requests per min (TPM): Limit 200, Used 200, Requested 1.", LimitReport{}},
+		{"unit after the number contradicts", "Rate limit reached on requests per min. Limit: 200 / day.", LimitReport{}},
+		{"unknown period", "Rate limit reached on requests per hour (RPH): Limit 200, Used 200.", LimitReport{}},
+		{"no limit number", "Rate limit reached on requests per min (RPM). Please try again in 1s.", LimitReport{}},
+		{"limit 0", "Rate limit reached on requests per min (RPM): Limit 0, Used 0, Requested 1.", LimitReport{}},
+		{"limit too big", "Rate limit reached on tokens per min (TPM): Limit 99999999999999999999, Used 1.", LimitReport{}},
+		{"limit negative", "Rate limit reached on tokens per min (TPM): Limit -5, Used 1.", LimitReport{}},
+		{"anthropic: no Limit word", "This request would exceed the rate limit for your organization of 20,000 input tokens per minute.", LimitReport{}},
+		{"azure", "Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-02-01 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 86400 seconds.", LimitReport{}},
+		{"Limits is not Limit", "Rate limit reached on requests per min. See Limits 5 and RateLimit 7.", LimitReport{}},
+		{"empty", "", LimitReport{}},
+		{"per at the end", "on tokens per", LimitReport{}},
+		{"per at the start", " per min: Limit 5", LimitReport{}},
+		{"unreadable Used is absent", "on requests per min (RPM): Limit 5, Used lots, Requested 1.", rep("requests", time.Minute, 5, -1, 1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := parseLimitReport(tc.msg); got != tc.want {
+				t.Fatalf("parseLimitReport(%q)\n got %+v\nwant %+v", tc.msg, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRateLimitInfo: the report comes from the error body's message, and a
+// quota error has none.
+func TestRateLimitInfo(t *testing.T) {
+	body := `{"error":{"message":"Rate limit reached for gpt-4.1 in organization org-x on requests per min (RPM): Limit 5, Used 5, Requested 1. Please try again in 12s.","type":"requests","param":null,"code":"rate_limit_exceeded"}}`
+	kind, quota, rep := rateLimitInfo([]byte(body))
+	if kind != "requests" || quota || rep != (LimitReport{Kind: "requests", Window: time.Minute, Limit: 5, Used: 5, Requested: 1}) {
+		t.Fatalf("rateLimitInfo = %q %v %+v", kind, quota, rep)
+	}
+	quotaBody := `{"error":{"message":"You exceeded your current quota on requests per min (RPM): Limit 5, Used 5.","type":"insufficient_quota","code":"insufficient_quota"}}`
+	if _, quota, rep := rateLimitInfo([]byte(quotaBody)); !quota || rep != (LimitReport{}) {
+		t.Fatalf("quota error: quota %v, report %+v; want no report", quota, rep)
+	}
+	if _, _, rep := rateLimitInfo([]byte(`{"error":{"message":7}}`)); rep != (LimitReport{}) {
+		t.Fatalf("numeric message: %+v", rep)
+	}
+}

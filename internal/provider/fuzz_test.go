@@ -1,7 +1,9 @@
 package provider
 
 import (
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -71,6 +73,56 @@ func FuzzRateLimitKind(f *testing.F) {
 			t.Fatalf("kind %q", kind)
 		case quota && kind != "":
 			t.Fatalf("quota error with kind %q", kind)
+		}
+	})
+}
+
+// FuzzParseLimitReport feeds arbitrary 429 messages: parseLimitReport never
+// panics, and reports either nothing or a rate limit with every value in
+// its documented range. A message in OpenAI's format built from the fuzzed
+// numbers, with the fuzzed text around it, reads back as those numbers.
+func FuzzParseLimitReport(f *testing.F) {
+	for _, s := range []string{
+		"Rate limit reached for gpt-4.1 in organization org-x on requests per min (RPM): Limit 5, Used 5, Requested 1. Please try again in 12s.",
+		"Rate limit reached for gpt-4.1 in organization org-x on tokens per day (TPD): Limit 900000, Used 899990, Requested 40.",
+		"Rate limit reached for 10KTPM-200RPM in organization org-x on tokens per min. Limit: 10000 / min. Current: 9000 / min.",
+		"on concurrent requests: Limit 2, In flight 2, Requested 1.",
+		"on requests per min (RPD): Limit 1,000,000, Used 99999999999999999999",
+		" per ", "per per per", "tokens per (", "Limit: / day", "\xff per \x00min", "",
+	} {
+		f.Add(s, uint64(5), uint64(5), uint64(1), false, false)
+	}
+	f.Fuzz(func(t *testing.T, msg string, limit, used, requested uint64, tokens, perDay bool) {
+		r := parseLimitReport(msg)
+		switch {
+		case r == LimitReport{}:
+		case r.Kind != "requests" && r.Kind != "tokens":
+			t.Fatalf("kind %q in %+v", r.Kind, r)
+		case r.Window != time.Minute && r.Window != 24*time.Hour:
+			t.Fatalf("window %v in %+v", r.Window, r)
+		case r.Limit < 1 || r.Limit > maxReported:
+			t.Fatalf("limit %d in %+v", r.Limit, r)
+		case r.Used < -1 || r.Used > maxReported || r.Requested < -1 || r.Requested > maxReported:
+			t.Fatalf("used or requested out of range in %+v", r)
+		}
+
+		// Round trip: OpenAI's sentence, after text that names no limit.
+		want := LimitReport{Kind: "requests", Window: time.Minute, Limit: int64(1 + limit%maxReported), Used: int64(used % (maxReported + 1)), Requested: int64(requested % (maxReported + 1))}
+		abbr := "RPM"
+		if tokens {
+			want.Kind, abbr = "tokens", "TPM"
+		}
+		unit := "min"
+		if perDay {
+			want.Window, unit, abbr = 24*time.Hour, "day", abbr[:2]+"D"
+		}
+		prefix := strings.ReplaceAll(msg, " per ", " ") // no limit phrase before ours
+		sentence := fmt.Sprintf("%s on %s per %s (%s): Limit %d, Used %d, Requested %d. Please try again in 1s.", prefix, want.Kind, unit, abbr, want.Limit, want.Used, want.Requested)
+		if strings.Count(sentence, " per ") != 1 {
+			return // the prefix made another one ("a per  per b", "requests per" + " on")
+		}
+		if got := parseLimitReport(sentence); got != want {
+			t.Fatalf("parseLimitReport(%q)\n got %+v\nwant %+v", sentence, got, want)
 		}
 	})
 }

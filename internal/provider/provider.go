@@ -402,14 +402,14 @@ func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, req
 	b := &respBody{rc: resp.Body, cancel: cancel}
 	resp.Body = b
 	complete := false
-	kind := ""
+	kind, reported := "", LimitReport{}
 	if status >= 400 {
 		// Error bodies are small: read them now, under the timer, so that
 		// a retry finds the connection free and a 429's kind is known.
 		complete = b.peek()
 		if status == http.StatusTooManyRequests {
 			var quota bool
-			kind, quota = rateLimitKind(b.buf)
+			kind, quota, reported = rateLimitInfo(b.buf)
 			a.retryable = a.retryable && !quota && !req.NoRetry429
 		}
 	}
@@ -426,7 +426,7 @@ func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, req
 		f := parseFeedback(status, resp.Header, c.cfg.Clock.Now())
 		a.retryAfter = f.RetryAfter
 		if c.cfg.Feedback != nil && (status == http.StatusTooManyRequests || f.HasLimits()) {
-			f.Kind = kind
+			f.Kind, f.Reported = kind, reported
 			c.cfg.Feedback(t, f)
 		}
 	}

@@ -275,9 +275,13 @@ func TestBackoffFullJitter(t *testing.T) {
 	})
 }
 
+// TestFeedbackFromResponses: a 429's feedback has its headers, the kind of
+// limit its body names and what its message reports about that limit; a
+// 200's has its headers.
 func TestFeedbackFromResponses(t *testing.T) {
+	tpm429 := `{"error":{"message":"Rate limit reached for gpt-4.1 in organization org-x on tokens per min (TPM): Limit 30000, Used 29990, Requested 48. Please try again in 1ms.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}`
 	u := newUpstream(t, nil,
-		reply(429, errBody("tokens", "rate_limit_exceeded"), "retry-after-ms", "1",
+		reply(429, tpm429, "retry-after-ms", "1",
 			"x-ratelimit-limit-tokens", "30000", "x-ratelimit-remaining-tokens", "0", "x-ratelimit-reset-tokens", "6m0s"),
 		reply(200, okBody, "x-ratelimit-limit-requests", "500", "x-ratelimit-remaining-requests", "499", "x-ratelimit-reset-requests", "120ms"),
 		answerOK)
@@ -293,7 +297,8 @@ func TestFeedbackFromResponses(t *testing.T) {
 	got := fb.all()
 	want := []Feedback{
 		{Status: 429, RetryAfter: time.Millisecond, LimitRequests: -1, RemainingRequests: -1, LimitTokens: 30000, RemainingTokens: 0,
-			ResetRequests: -1, ResetTokens: 6 * time.Minute, Kind: "tokens"},
+			ResetRequests: -1, ResetTokens: 6 * time.Minute, Kind: "tokens",
+			Reported: LimitReport{Kind: "tokens", Window: time.Minute, Limit: 30000, Used: 29990, Requested: 48}},
 		{Status: 200, LimitRequests: 500, RemainingRequests: 499, LimitTokens: -1, RemainingTokens: -1,
 			ResetRequests: 120 * time.Millisecond, ResetTokens: -1},
 	}
