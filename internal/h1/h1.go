@@ -1,0 +1,527 @@
+// Package h1 is a lean HTTP/1.1 client transport for the gateway's upstream calls: the calling goroutine writes the request and reads the response itself, with no per-connection reader and writer goroutines.
+//
+// net/http's Transport runs two goroutines per connection and hands every
+// request and response between them and the caller over channels. On a
+// gateway whose upstream calls are small JSON requests, those hand-offs cost
+// more CPU than the bytes: this transport does the same work in the
+// caller's goroutine, and reuses net/http's response parser
+// (http.ReadResponse), so framing (Content-Length, chunked, close-delimited)
+// is the standard library's.
+//
+// It handles plain http and https (TLS with ALPN http/1.1) requests whose
+// body length is known. Everything else (a proxy configured for the URL,
+// a body of unknown length, a protocol upgrade) goes to Fallback, a
+// *http.Transport in practice.
+package h1
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Defaults for zero Transport fields.
+const (
+	DefaultMaxIdlePerHost = 512
+	DefaultIdleTimeout    = 90 * time.Second
+	DefaultDialTimeout    = 30 * time.Second
+)
+
+// Transport is an http.RoundTripper for HTTP/1.1 upstreams. The zero value
+// is not usable: make one with New. It is safe for concurrent use.
+type Transport struct {
+	// Fallback serves the requests this transport does not (see the package
+	// documentation). Required.
+	Fallback http.RoundTripper
+	// Proxy says which proxy a request should go through, as
+	// http.Transport.Proxy does; requests it names a proxy for go to
+	// Fallback. Default http.ProxyFromEnvironment.
+	Proxy func(*http.Request) (*url.URL, error)
+	// DialContext opens connections. Default a net.Dialer with
+	// DefaultDialTimeout and 30s keep-alives.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// TLSConfig is cloned for each https connection (ServerName and ALPN
+	// are set by the transport). Default: the system roots, TLS 1.2+.
+	TLSConfig *tls.Config
+	// MaxIdlePerHost bounds the idle connections kept per host. Default
+	// DefaultMaxIdlePerHost.
+	MaxIdlePerHost int
+	// IdleTimeout closes connections idle for longer. Default
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+
+	mu    sync.Mutex // protects hosts
+	hosts map[string]*host
+}
+
+// host is one scheme://host:port the transport talks to.
+type host struct {
+	viaProxy bool    // decided once: requests to this host go to Fallback
+	idle     []*conn // most recently used last
+}
+
+// New returns a Transport that sends what it cannot serve to fallback.
+func New(fallback http.RoundTripper) *Transport {
+	return &Transport{Fallback: fallback}
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// errNoBytes marks a failure on a reused connection before the server sent
+// a byte: the server closed it while idle, so the request is retried once
+// on a new connection.
+var errNoBytes = errors.New("h1: connection closed before the response")
+
+// RoundTrip sends req and returns the response, whose Body must be read to
+// the end or closed: that returns the connection to the idle pool (or
+// closes it). Cancelling req's context aborts the call at any point.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	key, ok := t.handles(req)
+	if !ok {
+		return t.Fallback.RoundTrip(req)
+	}
+	h, err := t.host(key, req)
+	if err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	if h.viaProxy {
+		return t.Fallback.RoundTrip(req)
+	}
+	defer closeBody(req)
+	if err := validHeaders(req); err != nil {
+		return nil, err
+	}
+	for retried := false; ; retried = true {
+		c, err := t.get(req.Context(), key, h, req.URL)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.roundTrip(t, req)
+		if err == nil {
+			return resp, nil
+		}
+		c.close()
+		if errors.Is(err, errNoBytes) && c.reused && !retried && replayable(req) {
+			if err := rewind(req); err == nil {
+				continue
+			}
+		}
+		if ctxErr := req.Context().Err(); ctxErr != nil {
+			return nil, errors.Join(ctxErr, err)
+		}
+		return nil, err
+	}
+}
+
+// handles reports whether the transport serves req itself, and its host
+// key.
+func (t *Transport) handles(req *http.Request) (string, bool) {
+	u := req.URL
+	if u == nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", false
+	}
+	if req.Body != nil && req.Body != http.NoBody && req.ContentLength <= 0 {
+		return "", false // unknown length: chunked request bodies are Fallback's
+	}
+	if req.Header.Get("Upgrade") != "" || req.Method == http.MethodConnect {
+		return "", false
+	}
+	return u.Scheme + "://" + canonicalAddr(u), true
+}
+
+// canonicalAddr is u's host:port, with the scheme's default port.
+func canonicalAddr(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// host returns the state of key, deciding on first use whether its
+// requests go through a proxy.
+func (t *Transport) host(key string, req *http.Request) (*host, error) {
+	t.mu.Lock()
+	h := t.hosts[key]
+	t.mu.Unlock()
+	if h != nil {
+		return h, nil
+	}
+	proxy := t.Proxy
+	if proxy == nil {
+		proxy = http.ProxyFromEnvironment
+	}
+	p, err := proxy(req)
+	if err != nil {
+		return nil, fmt.Errorf("h1: proxy for %s: %w", key, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.hosts == nil {
+		t.hosts = make(map[string]*host)
+	}
+	if h = t.hosts[key]; h == nil {
+		h = &host{viaProxy: p != nil}
+		t.hosts[key] = h
+	}
+	return h, nil
+}
+
+// get returns an idle connection to key, or dials a new one.
+func (t *Transport) get(ctx context.Context, key string, h *host, u *url.URL) (*conn, error) {
+	now := time.Now()
+	idleTimeout := positive(t.IdleTimeout, DefaultIdleTimeout)
+	t.mu.Lock()
+	for n := len(h.idle); n > 0; n = len(h.idle) {
+		c := h.idle[n-1]
+		h.idle[n-1] = nil
+		h.idle = h.idle[:n-1]
+		if now.Sub(c.idleSince) < idleTimeout {
+			t.mu.Unlock()
+			c.reused = true
+			return c, nil
+		}
+		t.mu.Unlock()
+		c.close() // too old: the server has likely dropped it
+		t.mu.Lock()
+	}
+	t.mu.Unlock()
+	return t.dial(ctx, key, u)
+}
+
+func (t *Transport) dial(ctx context.Context, key string, u *url.URL) (*conn, error) {
+	dial := t.DialContext
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: DefaultDialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	}
+	addr := canonicalAddr(u)
+	nc, err := dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme == "https" {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if t.TLSConfig != nil {
+			cfg = t.TLSConfig.Clone()
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = u.Hostname()
+		}
+		cfg.NextProtos = []string{"http/1.1"}
+		tc := tls.Client(nc, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = nc.Close()
+			return nil, fmt.Errorf("h1: TLS handshake with %s: %w", addr, err)
+		}
+		nc = tc
+	}
+	c := &conn{t: t, key: key, nc: nc, bw: bufio.NewWriterSize(nc, 4096)}
+	c.br = bufio.NewReaderSize(countingReader{c}, 4096)
+	return c, nil
+}
+
+// put returns c to its host's idle pool, or closes it if the pool is full.
+func (t *Transport) put(c *conn) {
+	c.idleSince = time.Now()
+	t.mu.Lock()
+	h := t.hosts[c.key]
+	if h != nil && len(h.idle) < positive(t.MaxIdlePerHost, DefaultMaxIdlePerHost) {
+		h.idle = append(h.idle, c)
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	c.close()
+}
+
+// CloseIdleConnections closes every idle connection, and Fallback's.
+func (t *Transport) CloseIdleConnections() {
+	t.mu.Lock()
+	var idle []*conn
+	for _, h := range t.hosts {
+		idle = append(idle, h.idle...)
+		h.idle = nil
+	}
+	t.mu.Unlock()
+	for _, c := range idle {
+		c.close()
+	}
+	if f, ok := t.Fallback.(interface{ CloseIdleConnections() }); ok {
+		f.CloseIdleConnections()
+	}
+}
+
+// conn is one HTTP/1.1 connection, used by one request at a time.
+type conn struct {
+	t         *Transport
+	key       string
+	nc        net.Conn
+	br        *bufio.Reader
+	bw        *bufio.Writer
+	reused    bool      // it served a request before this one
+	idleSince time.Time // when it went back to the pool
+	read      int64     // bytes read since the current request was written
+}
+
+func (c *conn) close() { _ = c.nc.Close() }
+
+// countingReader reads from c's connection, counting into c.read.
+type countingReader struct{ c *conn }
+
+func (r countingReader) Read(p []byte) (int, error) {
+	n, err := r.c.nc.Read(p)
+	r.c.read += int64(n)
+	return n, err
+}
+
+// aLongTimeAgo is a deadline that makes every pending and later I/O on a
+// connection fail at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// roundTrip writes req and reads the response headers. The returned
+// response's body owns the connection until it ends.
+func (c *conn) roundTrip(t *Transport, req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// Cancellation reaches a goroutine blocked in I/O through the deadline.
+	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
+	c.read = 0
+	if err := c.writeRequest(req); err != nil {
+		stop()
+		if c.reused && ctx.Err() == nil && isConnClosed(err) {
+			return nil, fmt.Errorf("%w: %w", errNoBytes, err)
+		}
+		return nil, fmt.Errorf("h1: write request: %w", err)
+	}
+	resp, err := c.readResponse(req)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	resp.Body = &body{rc: resp.Body, c: c, stop: stop, reuse: !resp.Close && !req.Close}
+	return resp, nil
+}
+
+// writeRequest writes req's request line, headers and body.
+func (c *conn) writeRequest(req *http.Request) error {
+	w := c.bw
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	w.WriteString(method)
+	w.WriteByte(' ')
+	w.WriteString(req.URL.RequestURI())
+	w.WriteString(" HTTP/1.1\r\nHost: ")
+	hostHeader := req.Host
+	if hostHeader == "" {
+		hostHeader = req.URL.Host
+	}
+	w.WriteString(hostHeader)
+	w.WriteString("\r\n")
+	for name, values := range req.Header {
+		if skipHeader(name) {
+			continue
+		}
+		for _, v := range values {
+			w.WriteString(name)
+			w.WriteString(": ")
+			w.WriteString(v)
+			w.WriteString("\r\n")
+		}
+	}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		w.WriteString("User-Agent: llmgate\r\n")
+	}
+	if req.Close {
+		w.WriteString("Connection: close\r\n")
+	}
+	if req.ContentLength > 0 {
+		w.WriteString("Content-Length: ")
+		var num [20]byte
+		w.Write(strconv.AppendInt(num[:0], req.ContentLength, 10))
+		w.WriteString("\r\n\r\n")
+		n, err := io.Copy(w, io.LimitReader(req.Body, req.ContentLength))
+		if err != nil {
+			return err
+		}
+		if n != req.ContentLength {
+			return fmt.Errorf("h1: request body has %d bytes, ContentLength says %d", n, req.ContentLength)
+		}
+	} else {
+		w.WriteString("\r\n")
+	}
+	return w.Flush()
+}
+
+// skipHeader names the headers the transport writes itself or never sends.
+func skipHeader(name string) bool {
+	switch name {
+	case "Host", "Content-Length", "Connection", "Transfer-Encoding", "Trailer", "Te", "Keep-Alive", "Proxy-Connection":
+		return true
+	}
+	return false
+}
+
+// readResponse reads the response headers, skipping informational (1xx)
+// responses.
+func (c *conn) readResponse(req *http.Request) (*http.Response, error) {
+	for {
+		resp, err := http.ReadResponse(c.br, req)
+		if err != nil {
+			// Nothing read at all on a connection that served before: the
+			// server closed it while it was idle.
+			// (ReadResponse reports a clean EOF as io.ErrUnexpectedEOF.)
+			if c.reused && c.read == 0 && req.Context().Err() == nil && (isConnClosed(err) || errors.Is(err, io.ErrUnexpectedEOF)) {
+				return nil, fmt.Errorf("%w: %w", errNoBytes, err)
+			}
+			return nil, fmt.Errorf("h1: read response: %w", err)
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			continue
+		}
+		return resp, nil
+	}
+}
+
+// body is a response body that gives its connection back when it ends.
+type body struct {
+	rc    io.ReadCloser
+	c     *conn
+	stop  func() bool // stops the cancellation hook; false if it ran
+	reuse bool        // the connection may serve another request
+	mu    sync.Mutex  // protects done
+	done  bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.finish(true)
+	} else if err != nil {
+		b.finish(false)
+	}
+	return n, err
+}
+
+// Close ends the body. A body closed before its end closes the
+// connection: what is left of it cannot be skipped cheaply.
+func (b *body) Close() error {
+	b.finish(false)
+	return nil
+}
+
+// finish releases the connection once: back to the pool if the body was
+// read to its end and nothing forbids reuse, closed otherwise.
+func (b *body) finish(complete bool) {
+	b.mu.Lock()
+	if b.done {
+		b.mu.Unlock()
+		return
+	}
+	b.done = true
+	b.mu.Unlock()
+	cancelled := !b.stop()
+	if complete && b.reuse && !cancelled && b.c.br.Buffered() == 0 {
+		b.c.t.put(b.c)
+		return
+	}
+	b.c.close()
+}
+
+// validHeaders refuses header names and values that could split the
+// request or smuggle another one (CR, LF, NUL and other controls), as
+// net/http does.
+func validHeaders(req *http.Request) error {
+	if !validValue(req.Host) || !validValue(req.URL.Host) {
+		return errors.New("h1: invalid Host")
+	}
+	for name, values := range req.Header {
+		if !validName(name) {
+			return fmt.Errorf("h1: invalid header name %q", name)
+		}
+		for _, v := range values {
+			if !validValue(v) {
+				return fmt.Errorf("h1: invalid value for header %q", name) // the value may be a secret
+			}
+		}
+	}
+	return nil
+}
+
+// validName reports whether s is an HTTP token (RFC 9110 5.1).
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// validValue reports whether s holds no control characters but tab.
+func validValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// replayable reports whether req's body can be sent again.
+func replayable(req *http.Request) bool {
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+}
+
+// rewind gives req a fresh copy of its body for another attempt.
+func rewind(req *http.Request) error {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil
+	}
+	b, err := req.GetBody()
+	if err != nil {
+		return err
+	}
+	req.Body = b
+	return nil
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+// isConnClosed reports errors that mean the peer closed the connection.
+func isConnClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+func positive[T int | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
