@@ -120,11 +120,20 @@ type deploymentState struct {
 		TPM         int64 `json:"tpm"`
 		Concurrency int64 `json:"concurrency"`
 	} `json:"limits"`
+	// Learned are the per-minute limits the provider reported to this
+	// replica and still in force (0: none); admission uses the lower of
+	// them and the configured ones.
+	Learned struct {
+		RPM int64 `json:"rpm"`
+		TPM int64 `json:"tpm"`
+	} `json:"learned"`
 }
 
 // serveAdminDeployments answers GET /admin/deployments: each deployment's
-// breaker state, adaptive timeout and last known headroom.
+// breaker state, adaptive timeout, last known headroom, and limits
+// configured and learned from the provider.
 func (g *Gateway) serveAdminDeployments(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
 	out := make([]deploymentState, 0, len(g.deps))
 	for _, d := range g.deps {
 		s := deploymentState{
@@ -134,6 +143,7 @@ func (g *Gateway) serveAdminDeployments(w http.ResponseWriter, r *http.Request) 
 			Headroom:  float64(d.headroom.Load()) / 1e6,
 		}
 		s.Limits.RPM, s.Limits.TPM, s.Limits.Concurrency = d.Limits.RPM, d.Limits.TPM, d.Limits.Concurrency
+		s.Learned.RPM, s.Learned.TPM = d.learned[learnedRequests].get(now), d.learned[learnedTokens].get(now)
 		out = append(out, s)
 	}
 	writeJSON(w, http.StatusOK, out)

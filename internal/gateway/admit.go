@@ -75,6 +75,9 @@ type admitted struct {
 	dep      *deployment
 	decision ratelimit.Decision
 	charges  []ratelimit.Charge // nil when no limit applied (nothing to settle)
+	// refused is set when the provider answered the request 429: its
+	// charges on the deployment then stand as reserved (see settleRefused).
+	refused bool
 }
 
 // chargesFor lists every limit a request sent to dep must pass: the

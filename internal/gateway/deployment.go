@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/ratelimit"
 )
 
@@ -17,11 +18,77 @@ type deployment struct {
 	headroom atomic.Int64
 	// observing is set while a provider's remaining count is being shared.
 	observing atomic.Bool
-	// learnedRPM and learnedTPM are the limits the provider reports for
-	// this key and model (x-ratelimit-limit-*); 0 until seen. Admission
-	// uses the lower of them and the configured limits, so a key whose
-	// real quota is below the configuration is not overrun.
-	learnedRPM, learnedTPM atomic.Int64
+	// learned are the per-minute limits the provider reports for this key
+	// and model (x-ratelimit-limit-*, or a 429's message), by kind
+	// (learnedRequests, learnedTokens). This replica's admissions use the
+	// lower of them and the configured limits; the ones below the
+	// configuration are also shared with every replica through the limiter
+	// (ratelimit.Limiter.Learn), which holds them for learnTTL.
+	learned [2]learnedLimit
+	// sharing is set while learned limits are being shared outside a 429.
+	sharing atomic.Bool
+}
+
+// Indexes of deployment.learned.
+const (
+	learnedRequests = iota
+	learnedTokens
+)
+
+// learnTTL is how long a limit the provider reported holds, here and in the
+// shared limiter, unless reported again; within it, replicas renew what
+// they share every half.
+const learnTTL = ratelimit.DefaultLearnTTL
+
+// learnedLimit is one limit the provider reported.
+type learnedLimit struct {
+	limit atomic.Int64 // 0 until reported
+	until atomic.Int64 // unix ns: the report holds until then
+	// shared is the limit this replica last shared with the others, at
+	// sharedAt (unix ns; 0: share again at the next report).
+	shared, sharedAt atomic.Int64
+}
+
+// get returns the limit in force at now; 0 if none.
+func (l *learnedLimit) get(now time.Time) int64 {
+	v := l.limit.Load()
+	if v > 0 && now.UnixNano() >= l.until.Load() {
+		return 0
+	}
+	return v
+}
+
+// reportedLimit is a per-minute limit a provider response reported, with
+// what it says is left (-1 when it does not say); limit <= 0: none.
+type reportedLimit struct {
+	limit, remaining int64
+}
+
+// providerLimits returns the per-minute requests and tokens limits a
+// response reported: the x-ratelimit-* headers, or else what a 429's
+// message said about the limit it hit (a per-day one is not a per-minute
+// one: it is left out).
+func providerLimits(f provider.Feedback) [2]reportedLimit {
+	out := [2]reportedLimit{{f.LimitRequests, f.RemainingRequests}, {f.LimitTokens, f.RemainingTokens}}
+	r := f.Reported
+	if r.Limit <= 0 || r.Window != time.Minute {
+		return out
+	}
+	k := learnedRequests
+	switch r.Kind {
+	case "requests":
+	case "tokens":
+		k = learnedTokens
+	default:
+		return out
+	}
+	if out[k].limit <= 0 {
+		out[k] = reportedLimit{limit: r.Limit, remaining: -1}
+		if r.Used >= 0 {
+			out[k].remaining = max(r.Limit-r.Used, 0)
+		}
+	}
+	return out
 }
 
 func newDeployment(d *Deployment) *deployment {
@@ -59,25 +126,73 @@ func lowest(a, b int64) int64 {
 }
 
 // learnProvider records the limits and remaining quota the provider itself
-// reported.
-func (d *deployment) learnProvider(limitReq, remReq, limitTok, remTok int64) {
-	if limitReq > 0 && limitReq != d.learnedRPM.Load() {
-		d.learnedRPM.Store(limitReq)
-	}
-	if limitTok > 0 && limitTok != d.learnedTPM.Load() {
-		d.learnedTPM.Store(limitTok)
-	}
+// reported, by kind.
+func (d *deployment) learnProvider(rep [2]reportedLimit, now time.Time) {
 	h := int64(1e6)
 	seen := false
-	if limitReq > 0 && remReq >= 0 {
-		h, seen = min(h, remReq*1e6/limitReq), true
-	}
-	if limitTok > 0 && remTok >= 0 {
-		h, seen = min(h, remTok*1e6/limitTok), true
+	for k, r := range rep {
+		if r.limit <= 0 {
+			continue
+		}
+		l := &d.learned[k]
+		if r.limit != l.limit.Load() {
+			l.limit.Store(r.limit)
+		}
+		if until := now.Add(learnTTL).UnixNano(); until-l.until.Load() > int64(time.Second) {
+			l.until.Store(until) // not on every response: once a second is plenty
+		}
+		if r.remaining >= 0 {
+			h, seen = min(h, r.remaining*1e6/r.limit), true
+		}
 	}
 	if seen {
 		d.headroom.Store(h)
 	}
+}
+
+// configured returns the deployment's limit of kind k as configured (0:
+// none).
+func (d *deployment) configured(k int) int64 {
+	if k == learnedRequests {
+		return d.Limits.RPM
+	}
+	return d.Limits.TPM
+}
+
+// shareDue reports whether a reported limit v of kind k should be shared
+// with the other replicas now. One below the configured limit (or with
+// none configured): when this replica has not shared it yet, or shared it
+// half a learnTTL ago, and on every 429 (its remaining count matters
+// then). One at or above it: once, when this replica has not shared it
+// yet, so that it replaces a lower one shared before (a raised quota,
+// perhaps reported to another replica) at once.
+func (d *deployment) shareDue(k int, v int64, now time.Time, on429 bool) bool {
+	l := &d.learned[k]
+	base := d.configured(k)
+	prev := l.shared.Load()
+	if base > 0 && v >= base {
+		return v != prev
+	}
+	return on429 || v != prev || now.UnixNano() >= l.sharedAt.Load()+int64(learnTTL/2)
+}
+
+// markShared records that v of kind k is being shared at now.
+func (d *deployment) markShared(k int, v int64, now time.Time) {
+	d.learned[k].shared.Store(v)
+	d.learned[k].sharedAt.Store(now.UnixNano())
+}
+
+// charged returns the limit of kind k as this deployment's charges carry it
+// without a learned one: what the shared bucket has been refilling at.
+// reported stands in for a tokens limit that is not configured.
+func (d *deployment) charged(k int, reported int64) int64 {
+	switch base := d.configured(k); {
+	case base > 0:
+		return base
+	case k == learnedRequests && !d.Limits.any():
+		return unlimitedRPM
+	}
+	return reported
 }
 
 // unlimitedRPM stands for "no request limit" on a deployment: requests still
@@ -89,8 +204,11 @@ const unlimitedRPM = 1 << 40
 // tokens.
 func (d *deployment) charges(dst []ratelimit.Charge, tokens int64) []ratelimit.Charge {
 	l := d.Limits
-	l.RPM = lowest(l.RPM, d.learnedRPM.Load())
-	l.TPM = lowest(l.TPM, d.learnedTPM.Load())
+	if d.learned[learnedRequests].limit.Load() > 0 || d.learned[learnedTokens].limit.Load() > 0 {
+		now := time.Now()
+		l.RPM = lowest(l.RPM, d.learned[learnedRequests].get(now))
+		l.TPM = lowest(l.TPM, d.learned[learnedTokens].get(now))
+	}
 	if !l.any() {
 		l.RPM = unlimitedRPM
 	}

@@ -60,7 +60,53 @@ type harnessConfig struct {
 	provider provider.Config
 	// edit changes the gateway options before New.
 	edit func(o *Options, h *harness)
+	// hideLimits drops the simulator's x-ratelimit-* headers from every
+	// answer, 429s included, as providers that do not advertise their
+	// quota do: the gateway then learns it only from a 429's message.
+	hideLimits bool
 }
+
+// hideRateHeaders drops the x-ratelimit-* headers of every answer of next.
+func hideRateHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&headerHider{ResponseWriter: w}, r)
+	})
+}
+
+type headerHider struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *headerHider) WriteHeader(code int) {
+	if !w.wrote {
+		w.wrote = true
+		for k := range w.Header() {
+			if strings.HasPrefix(k, "X-Ratelimit-") {
+				w.Header().Del(k)
+			}
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *headerHider) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *headerHider) Flush() {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *headerHider) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 var simModels = []string{"gpt-4.1", "gpt-4.1-mini", "text-embedding-3-small"}
 
@@ -78,7 +124,11 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 		t.Fatal(err)
 	}
 	h.sim = s
-	simSrv := httptest.NewServer(s.Handler())
+	var simHandler http.Handler = s.Handler()
+	if hc.hideLimits {
+		simHandler = hideRateHeaders(simHandler)
+	}
+	simSrv := httptest.NewServer(simHandler)
 	t.Cleanup(simSrv.Close)
 	h.simURL = simSrv.URL + "/v1"
 

@@ -24,6 +24,7 @@ type metrics struct {
 	budgetDenied  *prometheus.CounterVec
 	fallbacks     *prometheus.CounterVec
 	feedback429   *prometheus.CounterVec
+	learned       *prometheus.CounterVec
 	retries429    prometheus.Counter
 	admissionWait prometheus.Histogram
 	sessionWait   prometheus.Histogram
@@ -83,6 +84,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		feedback429: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgate_upstream_429_total", Help: "429 answers from providers (each one slows every replica down).",
 		}, []string{"deployment"}),
+		learned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_provider_limits_learned_total",
+			Help: "Provider limits (from x-ratelimit-limit-* or a 429's message) shared with every replica, below the configured ones or replacing a lower one, by deployment and kind (requests, tokens).",
+		}, []string{"deployment", "kind"}),
 		retries429: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgate_upstream_429_retries_total", Help: "Requests sent back to the rate-limit queue after a provider 429.",
 		}),
@@ -105,7 +110,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.upstream, m.tokens, m.cost, m.limited,
-		m.budgetDenied, m.fallbacks, m.feedback429, m.retries429, m.admissionWait, m.sessionWait, m.dedup, m.cache, m.settleErrors} {
+		m.budgetDenied, m.fallbacks, m.feedback429, m.learned, m.retries429, m.admissionWait, m.sessionWait, m.dedup, m.cache, m.settleErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

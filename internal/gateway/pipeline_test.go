@@ -140,11 +140,14 @@ func TestBudgetStop(t *testing.T) {
 }
 
 // TestProvider429SlowsEveryone: a provider 429 puts the deployment in
-// cooldown, so the next request is held at the gateway, not sent.
+// cooldown, so the next request is held at the gateway, not sent. (The
+// provider hides its x-ratelimit-* headers: from them the gateway would
+// have learned its limit of 1 and never sent the request that got the 429.)
 func TestProvider429SlowsEveryone(t *testing.T) {
 	h := newHarness(t, harnessConfig{
-		sim:      sim.Config{RPM: 1},
-		provider: provider.Config{MaxAttempts: 1},
+		sim:        sim.Config{RPM: 1},
+		provider:   provider.Config{MaxAttempts: 1},
+		hideLimits: true,
 	})
 	resp := h.post("/v1/chat/completions", tenantKey, chatBody)
 	resp.Body.Close()

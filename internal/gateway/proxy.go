@@ -98,7 +98,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			g.metrics.retries429.Inc()
 			drain(resp)
 			stopKeep()
-			g.refund(adm)
+			g.settleRefused(adm)
 			continue
 		}
 		if !last && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500) {
@@ -106,11 +106,16 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			g.metrics.fallbacks.WithLabelValues(adm.dep.Name).Inc()
 			drain(resp)
 			stopKeep()
-			g.refund(adm)
+			if resp.StatusCode == http.StatusTooManyRequests {
+				g.settleRefused(adm)
+			} else {
+				g.refund(adm)
+			}
 			cands = drop(cands, adm.dep)
 			continue
 		}
 		settled = true
+		adm.refused = resp.StatusCode == http.StatusTooManyRequests
 		g.relay(ctx, w, c, adm, res, resp)
 		stopKeep()
 		return

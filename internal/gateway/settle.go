@@ -75,7 +75,8 @@ func (g *Gateway) settleBudget(ctx context.Context, res budget.Reservation, rec 
 }
 
 // settleLimits replaces the token estimate by what was used; with usage nil
-// the request counts but its tokens are refunded.
+// the request counts but its tokens are refunded, except on the deployment
+// when the provider refused it with 429 (see settleRefused).
 func (g *Gateway) settleLimits(ctx context.Context, c *call, adm admitted, usage *openai.Usage) {
 	if adm.decision.ID == "" {
 		return
@@ -86,15 +87,40 @@ func (g *Gateway) settleLimits(ctx context.Context, c *call, adm admitted, usage
 		used = usage.PromptTokens + usage.CompletionTokens
 	}
 	for i, ch := range adm.charges {
-		if ch.Limit.Kind == ratelimit.Tokens {
+		switch {
+		case ch.Limit.Kind == ratelimit.Tokens && !(adm.refused && ch.Scope == adm.dep.scope):
 			actual[i] = min(used, ratelimit.MaxAmount)
-		} else {
+		default:
 			actual[i] = ch.Cost
 		}
 	}
 	if err := g.opt.Limiter.Settle(ctx, adm.decision.ID, actual); err != nil {
 		g.log.Warn("rate-limit settle failed; the estimate stands", "request_id", c.id, "err", err)
 	}
+}
+
+// settleRefused settles an admission whose request the provider refused
+// with 429 before it goes back to the queue or on to another deployment
+// (where it is charged again). Its charges on the deployment stand as
+// reserved: the provider is at its limit, and the count it reported with
+// the 429 (now the shared bucket's level, see Feedback) leaves this request
+// out, so giving it back would lift the bucket above what the provider has.
+// Its other charges (the tenant's) are given back.
+func (g *Gateway) settleRefused(adm admitted) {
+	if adm.decision.ID == "" {
+		return
+	}
+	actual := make([]int64, len(adm.charges))
+	for i, ch := range adm.charges {
+		if ch.Scope == adm.dep.scope {
+			actual[i] = ch.Cost
+		}
+	}
+	g.background(settleTimeout, func(ctx context.Context) {
+		if err := g.opt.Limiter.Settle(ctx, adm.decision.ID, actual); err != nil {
+			g.log.Warn("rate-limit settle of a refused request failed; the reservation expires by itself", "err", err)
+		}
+	})
 }
 
 // refund gives back an admission that never reached the provider.
