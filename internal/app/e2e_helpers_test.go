@@ -76,9 +76,9 @@ type e2eSim struct {
 	arrivals map[string][]time.Time // chat completion requests by model, in arrival order
 	limited  map[string][]time.Time // arrival times of the requests it answered 429
 
-	// hideLimits drops the x-ratelimit-* headers of successful answers, as
-	// providers that do not advertise their quota do: the gateway then
-	// learns about the quota only from a 429.
+	// hideLimits drops the x-ratelimit-* headers of every answer, 429s
+	// included, as providers that do not advertise their quota do: the
+	// gateway then learns about the quota only from a 429's message.
 	hideLimits bool
 }
 
@@ -93,7 +93,7 @@ func (w *statusWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status = code
 	}
-	if w.hideLimits && code == http.StatusOK {
+	if w.hideLimits {
 		for k := range w.Header() {
 			if strings.HasPrefix(k, "X-Ratelimit-") {
 				w.Header().Del(k)

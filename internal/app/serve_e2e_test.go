@@ -386,7 +386,8 @@ func waitSettled(t *testing.T, ctx context.Context, r *replica) (spent int64, ho
 const hello = `{"model":"gpt-4.1","max_tokens":3,"messages":[{"role":"user","content":"hello"}]}`
 
 // provoke429 starts a provider whose key really allows 5 requests per
-// minute and three replicas that believe it allows 1,000, and sends
+// minute, says so only in its 429's message ("Limit 5, Used 5"), and three
+// replicas that believe it allows 1,000, and sends
 // requests through replica A until the provider answers 429 (the client
 // then gets a 429: the request went back to the queue and the cooldown held
 // it past its wait). It returns when the client has that 429.
@@ -394,8 +395,8 @@ func provoke429(t *testing.T) (*e2eSim, []*replica, time.Time) {
 	t.Helper()
 	rds := testutil.StartRedis(t)
 	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, RPM: 5, APIKeys: []string{e2eProviderKey}})
-	// A provider that does not advertise its quota: the replicas learn it
-	// only from the 429.
+	// A provider that does not advertise its quota in headers: the
+	// replicas learn it only from the 429's message.
 	s.hideLimits = true
 	reps := startReplicas(t, 3, gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, Limits: "{rpm: 1000}", MaxWait: "500ms", RequestTimeout: "30s",
@@ -510,38 +511,60 @@ func TestE2EProvider429HoldsBackEveryReplica(t *testing.T) {
 	}
 }
 
-// TestE2ECooldownEndReleasesAHerd reproduces a known gap, so it runs only
-// with LLMGATE_E2E_KNOWN_GAPS=1: after a provider 429 the replicas hold
-// back until its retry-after, but then release every waiting request at
-// once (the configured 1,000 RPM has refilled meanwhile), while the
-// provider has room for one: one waiter per replica gives two more 429s.
-// The gateway would need to learn the provider's real limit
-// (x-ratelimit-limit-requests) or its remaining count on a 429.
+// TestE2ECooldownEndReleasesAHerd: after the provider's 429 via replica A
+// ("Limit 5, Used 5": one request every 12s, none left), one request per
+// replica waits up to 20s. The replicas hold back until the retry-after,
+// and then — having learned the provider's limit through Redis, B and C
+// without ever seeing it — release them at the provider's pace, not all
+// at once as the configured 1,000 RPM (refilled meanwhile) would: one goes
+// through when the provider has room for it, the next would only 12s
+// later, past the others' wait. The provider answers one 429 in all.
 func TestE2ECooldownEndReleasesAHerd(t *testing.T) {
-	if os.Getenv("LLMGATE_E2E_KNOWN_GAPS") == "" {
-		t.Skip("known gap (see the comment); set LLMGATE_E2E_KNOWN_GAPS=1 to run")
-	}
 	logRuntime(t)
 	s, reps, _ := provoke429(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	start := time.Now()
+	type out struct {
+		status   int
+		upstream bool
+		took     time.Duration
+	}
+	outs := make([]out, len(reps))
 	var wg sync.WaitGroup
-	for _, r := range reps {
+	for i, r := range reps {
 		wg.Go(func() {
 			resp, b, err := r.tryPost(ctx, "/v1/chat/completions", e2eTenantKey, hello, "X-Llmgate-Max-Wait", "20s")
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			t.Logf("%s: %d after %v (from the provider: %v) %.100s", r.name, resp.StatusCode, time.Since(start).Round(time.Millisecond),
-				resp.Header.Get("X-Llmgate-Deployment") != "", b)
+			outs[i] = out{resp.StatusCode, resp.Header.Get("X-Llmgate-Deployment") != "", time.Since(start)}
+			t.Logf("%s: %d after %v (from the provider: %v) %.100s", r.name, resp.StatusCode, outs[i].took.Round(time.Millisecond), outs[i].upstream, b)
 		})
 	}
 	wg.Wait()
-	if st := s.Stats().Total; st.RateLimited != 1 {
+	st := s.Stats().Total
+	if st.RateLimited != 1 {
 		t.Errorf("the provider answered %d 429s in all (%d calls); after the first the replicas should send it only what it has room for",
 			st.RateLimited, st.Calls)
+	}
+	through := 0
+	for i, o := range outs {
+		switch {
+		case o.status == http.StatusOK && o.upstream:
+			through++
+		case o.status == http.StatusTooManyRequests && !o.upstream && o.took >= 19*time.Second:
+			// the gateway's 429, after waiting its 20s
+		default:
+			t.Errorf("request via %s: %+v; want the provider's 200 or the gateway's 429 after 20s", reps[i].name, o)
+		}
+	}
+	if through != 1 || st.Calls != 6 {
+		t.Errorf("%d requests went through after the 429 (provider calls %d), want 1: the provider has room for one in 20s", through, st.Calls)
+	}
+	if all, limited := s.Arrivals("gpt-4.1"); len(limited) == 1 && len(all) == 7 {
+		t.Logf("the request that went through reached the provider %v after its 429", all[6].Sub(limited[0]).Round(time.Millisecond))
 	}
 }
 
