@@ -1,0 +1,25 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Member returns the raw value of the top-level member name of the JSON
+// object body, matching the name exactly and taking the last of repeated
+// members, as the provider reads them; nil when the member is absent or
+// body is not a JSON object. It is for the fields ParseRequest does not
+// read, when a request needs one (the user field as a session id).
+func Member(body []byte, name string) json.RawMessage {
+	obj := bytes.TrimSpace(body)
+	if len(obj) == 0 || obj[0] != '{' || !json.Valid(obj) {
+		return nil
+	}
+	var v json.RawMessage
+	eachMember(obj, func(n string, raw []byte) {
+		if n == name {
+			v = raw
+		}
+	})
+	return v
+}
