@@ -3,7 +3,9 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,21 +39,45 @@ func (g *Gateway) cacheFor(r *http.Request, c *call) (*cacheFill, *apiError) {
 		ttl = tc.TTL
 	}
 	if v := r.Header.Get("X-Llmgate-Cache-Ttl"); v != "" {
-		d, err := parseWait(v)
-		if err != nil || d <= 0 {
+		d, err := parseTTL(v, g.opt.CacheMaxTTL)
+		if err != nil {
 			return nil, errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-cache-ttl",
 				"Invalid x-llmgate-cache-ttl %q: give seconds (\"300\") or a duration (\"10m\"), above 0.", v)
 		}
-		ttl = min(d, g.opt.CacheMaxTTL)
+		ttl = d
 	}
 	if ttl <= 0 {
 		return nil, nil
 	}
-	key, err := respcache.Key(c.tenant.Name, c.req.Model, c.body, c.req.Stream)
+	// The scope is the tenant and the endpoint: a body may hold both
+	// messages and prompt, and a chat answer is no answer to /v1/completions.
+	key, err := respcache.Key(c.tenant.Name+":"+c.req.Endpoint.String(), c.req.Model, c.body, c.req.Stream)
 	if err != nil {
 		return nil, nil
 	}
 	return &cacheFill{key: key, ttl: ttl}, nil
+}
+
+// parseTTL reads an x-llmgate-cache-ttl: seconds or a Go duration, above
+// 0; a TTL above limit is limit (capped, not refused).
+func parseTTL(v string, limit time.Duration) (time.Duration, error) {
+	v = strings.TrimSpace(v)
+	var d time.Duration
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if !(f > 0) { // also NaN
+			return 0, errors.New("not above 0")
+		}
+		if f >= limit.Seconds() {
+			return limit, nil
+		}
+		d = time.Duration(f * float64(time.Second))
+	} else if d, err = time.ParseDuration(v); err != nil {
+		return 0, err
+	}
+	if d <= 0 {
+		return 0, errors.New("not above 0")
+	}
+	return min(d, limit), nil
 }
 
 // serveCached answers from the cache; false on a miss (or a store error,

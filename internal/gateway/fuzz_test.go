@@ -7,6 +7,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
+
+	"github.com/llmgate/llmgate/clock"
+	"github.com/llmgate/llmgate/dedup"
+	dedupmemory "github.com/llmgate/llmgate/dedup/memory"
 )
 
 // FuzzServe sends arbitrary bodies to every proxied endpoint: the gateway
@@ -54,6 +59,79 @@ func FuzzServe(f *testing.F) {
 		b, _ := io.ReadAll(rec.Body)
 		if err := json.Unmarshal(b, &e); err != nil || e.Error == nil || e.Error.Message == "" || e.Error.Type == "" {
 			t.Fatalf("status %d with body %q", rec.Code, b)
+		}
+	})
+}
+
+// FuzzFollow hands a follower a flight of arbitrary frames, as a store
+// could hold them (another version, a foreign writer, corruption): it never
+// panics, writes to its client only after a well-formed head frame, with
+// that frame's status, and reports a complete answer only then.
+func FuzzFollow(f *testing.F) {
+	f.Add([]byte(`H{"status":200,"header":{"Content-Type":["application/json"]}}`), []byte(`B{"id":1}`), []byte("Bmore"))
+	f.Add([]byte(`H{"status":99}`), []byte("B"), []byte(""))
+	f.Add([]byte("Bbody before the head"), []byte(`H{"status":404,"header":null}`), []byte("H{"))
+	f.Add([]byte(`H{"status":200,"header":{"X-A":null}}`), []byte(`H{"status":500}`), []byte("Xother"))
+	f.Fuzz(func(t *testing.T, a, b, c []byte) {
+		ctx := t.Context()
+		grp := dedup.New(dedupmemory.New(clock.Real{}), dedup.Options{LeaseTTL: time.Second})
+		l, _, err := grp.Join(ctx, "k", "fp", time.Minute)
+		if err != nil || l == nil {
+			t.Fatal(err)
+		}
+		for _, fr := range [][]byte{a, b, c} {
+			if err := l.Publish(ctx, fr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := l.Finish(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, fol, err := grp.Join(ctx, "k", "fp", time.Minute)
+		if err != nil || fol == nil {
+			t.Fatal(err)
+		}
+		defer fol.Close()
+		// The status of the first head frame, if it is well-formed.
+		status := 0
+		for _, fr := range [][]byte{a, b, c} {
+			if len(fr) > 0 && fr[0] == frameHead {
+				var hf headFrame
+				if json.Unmarshal(fr[1:], &hf) == nil && hf.Status >= 100 && hf.Status <= 999 {
+					status = hf.Status
+				}
+				break
+			}
+			if len(fr) > 0 && fr[0] == frameBody {
+				break // a body before any head: not an answer
+			}
+		}
+		rec := httptest.NewRecorder()
+		var wroteHead bool
+		var wrote int
+		done, _ := (&Gateway{}).follow(ctx, rec, &call{outcome: "error"}, fol, &wroteHead, &wrote)
+		switch {
+		case wroteHead != (status != 0):
+			t.Fatalf("wrote a head: %v; the first head's status %d", wroteHead, status)
+		case wroteHead && rec.Code != status:
+			t.Fatalf("status %d, the head frame's %d", rec.Code, status)
+		case !wroteHead && (done || rec.Body.Len() > 0):
+			t.Fatalf("done %v, %d body bytes, without a head", done, rec.Body.Len())
+		}
+	})
+}
+
+// FuzzParseTTL: an x-llmgate-cache-ttl is refused or read as a TTL above 0
+// and at most the limit; never a panic.
+func FuzzParseTTL(f *testing.F) {
+	for _, s := range []string{"300", "10m", "48h", "0", "-1", "1e-12", "NaN", "+Inf", "1e400", "2562047h", "0.5", " 7s ", "1h30m", ""} {
+		f.Add(s)
+	}
+	const limit = 2 * time.Hour
+	f.Fuzz(func(t *testing.T, v string) {
+		d, err := parseTTL(v, limit)
+		if err == nil && (d <= 0 || d > limit) {
+			t.Fatalf("parseTTL(%q) = %v", v, d)
 		}
 	})
 }

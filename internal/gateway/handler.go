@@ -137,7 +137,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, ep openai.Endp
 	}
 	g.estimate(c)
 	if g.opt.Locker != nil {
-		if c.session, aerr = g.sessionID(r); aerr != nil {
+		if c.session, aerr = g.sessionID(r, c.body); aerr != nil {
 			return fail("bad_request", aerr)
 		}
 	}
@@ -145,7 +145,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, ep openai.Endp
 	if aerr != nil {
 		return fail("bad_request", aerr)
 	}
-	fl, aerr := g.flightFor(r, c)
+	fl, aerr := g.flightFor(r, c, cache != nil)
 	if aerr != nil {
 		return fail("bad_request", aerr)
 	}

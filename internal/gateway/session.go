@@ -2,9 +2,11 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/llmgate/llmgate/internal/openai"
@@ -18,19 +20,39 @@ const (
 	maxSessionIDLen      = 256
 )
 
-// sessionID returns the request's session id ("" when none) or a 400.
-func (g *Gateway) sessionID(r *http.Request) (string, *apiError) {
-	id := r.Header.Get(g.opt.SessionHeader)
+// sessionID returns the request's session id ("" when none) or a 400: the
+// session header's value or, with "x-llmgate-session: user" and no session
+// header, the body's user field.
+func (g *Gateway) sessionID(r *http.Request, body []byte) (string, *apiError) {
+	id, param, code := r.Header.Get(g.opt.SessionHeader), g.opt.SessionHeader, "invalid_header"
+	switch v := strings.ToLower(strings.TrimSpace(r.Header.Get("X-Llmgate-Session"))); v {
+	case "":
+	case "user":
+		if id != "" {
+			break // the session header wins
+		}
+		param, code = "user", "" // a body field, as ParseRequest reports them
+		if raw := openai.Member(body, "user"); raw != nil && json.Unmarshal(raw, &id) != nil {
+			return "", openai.BadRequest(param, "Invalid type for 'user': expected a string.")
+		}
+		if id == "" {
+			return "", errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-session",
+				"x-llmgate-session: user takes the session id from the request's 'user' field, which is missing or empty.")
+		}
+	default:
+		return "", errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-session",
+			"Invalid x-llmgate-session %q: the only value is 'user' (the session id is the request's 'user' field).", v)
+	}
 	if id == "" {
 		return "", nil
 	}
 	if len(id) > maxSessionIDLen {
-		return "", errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", g.opt.SessionHeader,
+		return "", errf(http.StatusBadRequest, openai.TypeInvalidRequest, code, param,
 			"The session id is longer than %d bytes.", maxSessionIDLen)
 	}
 	for i := 0; i < len(id); i++ {
 		if id[i] < 0x21 || id[i] > 0x7e {
-			return "", errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", g.opt.SessionHeader,
+			return "", errf(http.StatusBadRequest, openai.TypeInvalidRequest, code, param,
 				"The session id may only hold printable ASCII without spaces.")
 		}
 	}

@@ -41,8 +41,9 @@ type flight struct {
 	idempotent       bool
 }
 
-// contentHash is the SHA-256 of the canonical JSON of the body: key order
-// and whitespace do not change it.
+// contentHash is the SHA-256 of the endpoint and the canonical JSON of the
+// body: key order and whitespace do not change it; the same body sent to
+// another endpoint (a body may hold both messages and prompt) does.
 func (c *call) contentHash() (string, error) {
 	if c.hash != "" {
 		return c.hash, nil
@@ -51,21 +52,26 @@ func (c *call) contentHash() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(canon)
-	c.hash = hex.EncodeToString(sum[:])
+	h := sha256.New()
+	h.Write([]byte(c.req.Endpoint.String()))
+	h.Write([]byte{0})
+	h.Write(canon)
+	c.hash = hex.EncodeToString(h.Sum(nil))
 	return c.hash, nil
 }
 
 // flightFor decides whether c shares its call: an Idempotency-Key always
 // does; otherwise a request deterministic by configuration (temperature 0,
-// or a model or tenant opted in) does. nil means c runs alone.
-func (g *Gateway) flightFor(r *http.Request, c *call) (*flight, *apiError) {
+// or a model or tenant opted in) does, and so does one whose answer may
+// come from the cache (cached), so that a miss by many callers at once is
+// one upstream call. nil means c runs alone.
+func (g *Gateway) flightFor(r *http.Request, c *call, cached bool) (*flight, *apiError) {
 	if g.opt.Dedup == nil {
 		return nil, nil
 	}
 	idem := r.Header.Get("Idempotency-Key")
 	auto := (g.opt.DedupDeterministic && c.req.Temperature != nil && *c.req.Temperature == 0) ||
-		g.opt.DedupModels[c.req.Model] || c.tenant.Dedup
+		g.opt.DedupModels[c.req.Model] || c.tenant.Dedup || cached
 	if idem == "" && !auto {
 		return nil, nil
 	}
@@ -232,6 +238,11 @@ func (g *Gateway) follow(ctx context.Context, w http.ResponseWriter, c *call, f 
 				c.outcome = "upstream_" + statusClass(hf.Status)
 			}
 		case frameBody:
+			if !headSeen {
+				// Every generation starts with its head: this is not
+				// an answer the gateway wrote.
+				return false, errors.New("gateway: unreadable shared answer")
+			}
 			body++
 			if body <= *wrote {
 				continue // the client has it from an earlier leader
