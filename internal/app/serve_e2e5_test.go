@@ -19,6 +19,7 @@ import (
 	dedupredis "github.com/llmgate/llmgate/dedup/redis"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
+	"github.com/llmgate/llmgate/internal/tokens"
 	lockredis "github.com/llmgate/llmgate/lock/redis"
 )
 
@@ -386,9 +387,10 @@ var sessionTurnRE = regexp.MustCompile(`session (\d+) turn (\d+)"`)
 // TestE2ESessionOrderAcrossReplicas: 3 sessions of 30 turns, each turn
 // sent to a random replica, reach the provider one turn at a time per
 // session, in the order they were sent, with increasing fencing tokens.
-// The send order is made a fact: the provider holds turn 0 of every
-// session, and turn k is sent only once the session's queue in Redis
-// holds k waiters.
+// Sessions 0 and 1 are named by x-session-id, session 2 by the body's user
+// field with x-llmgate-session: user. The send order is made a fact: the
+// provider holds turn 0 of every session, and turn k is sent only once the
+// session's queue in Redis holds k waiters.
 func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 	logRuntime(t)
 	const sessions, turns = 3, 30
@@ -403,10 +405,20 @@ func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("replica choice seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	body := func(sn, k int) string {
-		return fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":4,"messages":[{"role":"user","content":"session %d turn %d"}]}`, sn, k)
-	}
 	sessionID := func(sn int) string { return "conv-" + strconv.Itoa(sn) }
+	body := func(sn, k int) string {
+		user := ""
+		if sn == 2 {
+			user = fmt.Sprintf(`"user":%q,`, sessionID(sn))
+		}
+		return fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":4,%s"messages":[{"role":"user","content":"session %d turn %d"}]}`, user, sn, k)
+	}
+	header := func(sn int) []string {
+		if sn == 2 {
+			return []string{"X-Llmgate-Session", "user"}
+		}
+		return []string{"X-Session-Id", sessionID(sn)}
+	}
 
 	s.hold()
 	replies := make([][]reply, sessions)
@@ -419,7 +431,7 @@ func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 		for sn := range sessions {
 			r := reps[rng.IntN(len(reps))]
 			via[sn][k] = r.name
-			wg.Go(func() { replies[sn][k] = send(ctx, r, body(sn, k), "X-Session-Id", sessionID(sn)) })
+			wg.Go(func() { replies[sn][k] = send(ctx, r, body(sn, k), header(sn)...) })
 		}
 		for sn := range sessions {
 			if k == 0 {
@@ -473,5 +485,300 @@ func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 		if n != turns {
 			t.Errorf("session %d: %d of %d turns reached the provider", sn, n, turns)
 		}
+	}
+}
+
+// TestE2ECacheTTLs: an entry's TTL, as Redis keeps it, is the tenant's
+// cache.ttl (1m) or the request's x-llmgate-cache-ttl, capped at
+// cache.max_ttl (2h); the tenant's cache.models (gpt-4.1 only) limit what
+// it opts into, and a request's x-llmgate-cache-ttl opts in any model;
+// x-llmgate-cache: skip neither reads nor writes the cache.
+func TestE2ECacheTTLs(t *testing.T) {
+	logRuntime(t)
+	rds := testutil.StartRedis(t)
+	models := []string{"gpt-4.1", "gpt-4.1-mini"}
+	s := newGatedSim(t, sim.Config{Models: models, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicasYAML(t, 2, tenantYAML(t,
+		gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info", Models: models, Extra: "cache: {max_ttl: 2h}\n"},
+		"    cache: {ttl: 1m, models: [gpt-4.1]}\n"))
+	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
+	defer cancel()
+	rc := rds.Client(t)
+	entries := func() map[string]bool {
+		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := make(map[string]bool, len(keys))
+		for _, k := range keys {
+			m[k] = true
+		}
+		return m
+	}
+	body := func(model, prompt string) string {
+		return fmt.Sprintf(`{"model":%q,"max_tokens":64,"messages":[{"role":"user","content":%q}]}`, model, prompt)
+	}
+	skip := []string{"X-Llmgate-Cache", "skip"}
+	for _, tc := range []struct {
+		name, body string
+		hdr        []string
+		ttl        time.Duration // 0: not cached
+	}{
+		{"tenant ttl", body("gpt-4.1", "a"), nil, time.Minute},
+		{"request ttl", body("gpt-4.1", "b"), []string{"X-Llmgate-Cache-Ttl", "5m"}, 5 * time.Minute},
+		{"request ttl in seconds", body("gpt-4.1", "c"), []string{"X-Llmgate-Cache-Ttl", "30"}, 30 * time.Second},
+		{"request ttl above max_ttl", body("gpt-4.1", "d"), []string{"X-Llmgate-Cache-Ttl", "48h"}, 2 * time.Hour},
+		{"model not opted in", body("gpt-4.1-mini", "e"), nil, 0},
+		{"model not opted in, request ttl", body("gpt-4.1-mini", "f"), []string{"X-Llmgate-Cache-Ttl", "10m"}, 10 * time.Minute},
+		{"skip", body("gpt-4.1", "g"), skip, 0},
+		{"skip a cached answer", body("gpt-4.1", "a"), skip, 0},
+	} {
+		before, calls := entries(), s.count()
+		first := send(ctx, reps[0], tc.body, tc.hdr...)
+		want := "miss"
+		if tc.ttl == 0 {
+			want = "" // the cache was not asked
+		}
+		if first.err != nil || first.status != http.StatusOK || first.header.Get("X-Llmgate-Cache") != want {
+			t.Fatalf("%s: %d %v cache %q, want %q: %s", tc.name, first.status, first.err, first.header.Get("X-Llmgate-Cache"), want, first.body)
+		}
+		if tc.ttl != 0 {
+			var key string
+			waitUntil(t, 10*time.Second, tc.name+": the answer is in the cache", func() bool {
+				for k := range entries() {
+					if !before[k] {
+						key = k
+						return true
+					}
+				}
+				return false
+			})
+			ms, err := rc.Do(ctx, rc.B().Pttl().Key(key).Build()).AsInt64()
+			if ttl := time.Duration(ms) * time.Millisecond; err != nil || ttl > tc.ttl || ttl < tc.ttl-10*time.Second {
+				t.Errorf("%s: the entry expires in %v (%v); want %v", tc.name, ttl, err, tc.ttl)
+			}
+		}
+		again := send(ctx, reps[1], tc.body, tc.hdr...)
+		if again.err != nil || again.status != http.StatusOK {
+			t.Fatalf("%s, again: %d %v %s", tc.name, again.status, again.err, again.body)
+		}
+		switch {
+		case tc.ttl != 0 && (again.header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(again.body, first.body) || s.count() != calls+1):
+			t.Errorf("%s, again via %s: cache %q, %d upstream calls; want a hit of the first answer and 1 call",
+				tc.name, reps[1].name, again.header.Get("X-Llmgate-Cache"), s.count()-calls)
+		case tc.ttl == 0 && (again.header.Get("X-Llmgate-Cache") != "" || s.count() != calls+2):
+			t.Errorf("%s, again via %s: cache %q, %d upstream calls; want the cache left alone and 2 calls",
+				tc.name, reps[1].name, again.header.Get("X-Llmgate-Cache"), s.count()-calls)
+		}
+		if tc.ttl == 0 && len(entries()) != len(before) {
+			t.Errorf("%s: the cache has %d entries, %d before", tc.name, len(entries()), len(before))
+		}
+	}
+}
+
+// TestE2ECacheStampede: 30 identical requests of a tenant opted into the
+// cache (temperature 1: not de-duplicated for being deterministic) miss at
+// once over three replicas while the provider holds the first: one
+// upstream call, 30 identical answers; the next is a cache hit.
+func TestE2ECacheStampede(t *testing.T) {
+	logRuntime(t)
+	const n = 30
+	rds := testutil.StartRedis(t)
+	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: time.Millisecond})
+	reps := startReplicasYAML(t, 3, tenantYAML(t, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"}, "    cache: {ttl: 1m}\n"))
+	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
+	defer cancel()
+	body := `{"model":"gpt-4.1","temperature":1,"max_tokens":64,"stream":true,"messages":[{"role":"user","content":"what everyone asks"}]}`
+	s.hold()
+	replies := make([]reply, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { replies[i] = send(ctx, reps[i%len(reps)], body) })
+	}
+	waitUntil(t, 30*time.Second, fmt.Sprintf("1 request reached the provider and %d follow it", n-1), func() bool {
+		if c := s.count(); c > 1 {
+			t.Fatalf("%d identical requests reached the provider", c)
+		}
+		return s.count() == 1 && sumMetric(t, ctx, reps, followerSeries) == n-1
+	})
+	s.release()
+	wg.Wait()
+	for i, r := range replies {
+		if r.err != nil || r.status != http.StatusOK || r.header.Get("X-Llmgate-Cache") != "miss" || !bytes.Equal(r.body, replies[0].body) {
+			t.Fatalf("request %d: %d %v cache %q\n%s\nwant\n%s", i, r.status, r.err, r.header.Get("X-Llmgate-Cache"), r.body, replies[0].body)
+		}
+	}
+	rc := rds.Client(t)
+	waitUntil(t, 10*time.Second, "the answer is in the cache", func() bool {
+		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+		return err == nil && len(keys) == 1
+	})
+	hit := send(ctx, reps[2], body)
+	if hit.status != http.StatusOK || hit.header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(hit.body, replies[0].body) {
+		t.Fatalf("after the stampede: %d %v cache %q %s", hit.status, hit.err, hit.header.Get("X-Llmgate-Cache"), hit.body)
+	}
+	if c := s.count(); c != 1 {
+		t.Fatalf("%d calls reached the provider; want 1", c)
+	}
+}
+
+// TestE2EFollowersAndHitsUseNoQuota: the tenant may make one request, by
+// rpm: 1 or by a token budget that holds exactly one request's estimate.
+// One upstream call uses it up. Then, through every replica, a retry with
+// its Idempotency-Key that bypasses the cache (a follower of the finished
+// flight) and a cache hit still get the answer, byte for byte, while any
+// other request is refused: followers and hits cost no rate limit and no
+// budget. The followers show in the usage rows as requests without tokens;
+// the idempotency key's answer is kept for dedup.idempotency_ttl (1h).
+func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
+	const prompt = "pay once"
+	body := fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":64,"messages":[{"role":"user","content":%q}]}`, prompt)
+	// The reservation the gateway makes: the prompt as counted offline
+	// plus max_tokens.
+	estimate := int64(tokens.Chat("gpt-4.1", json.RawMessage(fmt.Sprintf(`[{"role":"user","content":%q}]`, prompt)), nil)) + 64
+	for _, tc := range []struct{ name, quota, code string }{
+		{"rpm", "    limits: {rpm: 1}\n", "rate_limit_exceeded"},
+		{"budget", fmt.Sprintf("    budget: {period: day, tokens: %d}\n", estimate), "insufficient_quota"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logRuntime(t)
+			rds := testutil.StartRedis(t)
+			s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
+			reps := startReplicasYAML(t, 3, tenantYAML(t,
+				gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info", MaxWait: "0s", Extra: "dedup: {idempotency_ttl: 1h}\n"},
+				"    cache: {ttl: 1m}\n"+tc.quota))
+			ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
+			defer cancel()
+			const key = "pay-1"
+			first := send(ctx, reps[0], body, "Idempotency-Key", key)
+			if first.err != nil || first.status != http.StatusOK || first.header.Get("X-Llmgate-Dedup") != "leader" || first.header.Get("X-Llmgate-Cache") != "miss" {
+				t.Fatalf("first request: %d %v dedup %q cache %q %s", first.status, first.err,
+					first.header.Get("X-Llmgate-Dedup"), first.header.Get("X-Llmgate-Cache"), first.body)
+			}
+			rc := rds.Client(t)
+			hkey := dedupredis.New(rc, dedupredis.Config{}).Key("idem:team-a:" + key)
+			waitUntil(t, 10*time.Second, "the flight is finished and the answer cached", func() bool {
+				st, err := rc.Do(ctx, rc.B().Hget().Key(hkey).Field("s").Build()).ToString()
+				keys, kerr := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+				return err == nil && st == "f" && kerr == nil && len(keys) == 1
+			})
+			if ms, err := rc.Do(ctx, rc.B().Pttl().Key(hkey).Build()).AsInt64(); err != nil || ms > time.Hour.Milliseconds() || ms < (59*time.Minute).Milliseconds() {
+				t.Errorf("the idempotent answer is kept %dms (%v); want dedup.idempotency_ttl, 1h", ms, err)
+			}
+			for _, r := range reps {
+				f := send(ctx, r, body, "Idempotency-Key", key, "X-Llmgate-Cache", "skip")
+				if f.err != nil || f.status != http.StatusOK || f.header.Get("X-Llmgate-Dedup") != "follower" || !bytes.Equal(f.body, first.body) {
+					t.Fatalf("retry via %s: %d %v dedup %q %s", r.name, f.status, f.err, f.header.Get("X-Llmgate-Dedup"), f.body)
+				}
+				h := send(ctx, r, body)
+				if h.err != nil || h.status != http.StatusOK || h.header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(h.body, first.body) {
+					t.Fatalf("cache hit via %s: %d %v cache %q %s", r.name, h.status, h.err, h.header.Get("X-Llmgate-Cache"), h.body)
+				}
+			}
+			last := send(ctx, reps[1], strings.Replace(body, prompt, "pay again, for another and longer question", 1))
+			if last.err != nil {
+				t.Fatal(last.err)
+			}
+			if e := decodeError(t, last.body); last.status != http.StatusTooManyRequests || e.Error.Code != tc.code {
+				t.Errorf("a request neither the cache nor a flight answers: %d %s; want 429 %s (the quota is used up)", last.status, last.body, tc.code)
+			}
+			if c := s.count(); c != 1 {
+				t.Errorf("%d calls reached the provider; want 1", c)
+			}
+			// Usage: the leader's tokens (the provider's count) and 3
+			// de-duplicated requests without tokens.
+			st := s.Stats().Total
+			var rows []struct {
+				Rows []struct {
+					Deployment       string `json:"deployment"`
+					Requests         int64  `json:"requests"`
+					PromptTokens     int64  `json:"prompt_tokens"`
+					CompletionTokens int64  `json:"completion_tokens"`
+				} `json:"rows"`
+			}
+			waitUntil(t, 10*time.Second, "the usage rows show the leader and 3 followers", func() bool {
+				if err := reps[2].get(ctx, "/admin/usage?tenant=team-a", e2eAdminToken, &rows); err != nil {
+					t.Fatal(err)
+				}
+				var leader, followers int64
+				for _, r := range rows[0].Rows {
+					if r.Deployment == "dedup-follower" {
+						followers += r.Requests
+					} else {
+						leader += r.Requests
+					}
+				}
+				return leader == 1 && followers == 3
+			})
+			for _, r := range rows[0].Rows {
+				if r.Deployment == "dedup-follower" && (r.PromptTokens != 0 || r.CompletionTokens != 0) ||
+					r.Deployment != "dedup-follower" && (r.PromptTokens != st.PromptTokens || r.CompletionTokens != st.CompletionTokens) {
+					t.Errorf("usage row %+v; the provider billed %d+%d tokens for the one call", r, st.PromptTokens, st.CompletionTokens)
+				}
+			}
+		})
+	}
+}
+
+// TestE2ESessionReplicaKilled: with sessions: {header: x-conversation,
+// ttl: 2s}, a replica killed with SIGKILL while its turn holds the session
+// (the provider holds that turn) keeps the session no longer than its
+// lease: the next turn, queued on another replica, reaches the provider
+// within the lease plus a margin, with a higher fencing token.
+func TestE2ESessionReplicaKilled(t *testing.T) {
+	logRuntime(t)
+	const (
+		ttl = 2 * time.Second
+		// bound: the dead replica's lease runs out within ttl of the
+		// kill; the margin is the waiter noticing and the call on a
+		// loaded 2-core machine.
+		bound = ttl + 5*time.Second
+	)
+	rds := testutil.StartRedis(t)
+	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicas(t, 2, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info",
+		Extra: fmt.Sprintf("sessions: {header: x-conversation, ttl: %v}\n", ttl)})
+	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
+	defer cancel()
+	locks := lockredis.New(rds.Client(t), lockredis.Config{})
+	turn := func(k int) string {
+		return fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":4,"messages":[{"role":"user","content":"session 0 turn %d"}]}`, k)
+	}
+	s.hold()
+	dead := make(chan reply, 1)
+	go func() { dead <- send(ctx, reps[0], turn(0), "X-Conversation", "conv-k") }()
+	s.waitArrival(t, `session 0 turn 0"`, 30*time.Second)
+	next := make(chan reply, 1)
+	go func() { next <- send(ctx, reps[1], turn(1), "X-Conversation", "conv-k") }()
+	waitUntil(t, 30*time.Second, "turn 1 waits for the session", func() bool {
+		n, err := locks.Waiters(ctx, "session:team-a:conv-k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	reps[0].kill(t)
+	killedAt := time.Now()
+	s.release()
+	r := <-next
+	took := r.done.Sub(killedAt)
+	t.Logf("turn 1 answered %v after the session's holder was killed", took.Round(time.Millisecond))
+	if r.err != nil || r.status != http.StatusOK {
+		t.Fatalf("turn 1 via %s: %d %v %s", reps[1].name, r.status, r.err, r.body)
+	}
+	if took > bound {
+		t.Errorf("turn 1 waited %v after the kill; a dead replica may hold a session for at most the lease (%v) plus a margin, %v", took, ttl, bound)
+	}
+	if d := <-dead; d.err == nil {
+		t.Errorf("turn 0 via the killed %s: %d %s; want a broken connection", reps[0].name, d.status, d.body)
+	}
+	calls := s.seen()
+	if len(calls) != 2 || !strings.Contains(calls[1].body, `turn 1"`) {
+		t.Fatalf("the provider saw %d calls; want turn 0, then turn 1", len(calls))
+	}
+	f0, err0 := strconv.ParseUint(calls[0].fence, 10, 64)
+	f1, err1 := strconv.ParseUint(calls[1].fence, 10, 64)
+	if err0 != nil || err1 != nil || f1 <= f0 {
+		t.Errorf("fencing tokens %q then %q; want increasing", calls[0].fence, calls[1].fence)
 	}
 }
