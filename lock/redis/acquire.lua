@@ -27,20 +27,21 @@
 --         {3, left_ms, now_us, is_head}  queued; left_ms is the holder's lease left,
 --                                        reported to the queue head only (-1 otherwise)
 -- Time comes from the server only.
-local L, token, ttl = KEYS[1], ARGV[1], tonumber(ARGV[2])
-local q, l = L .. ':q', L .. ':l'
-local entry = ARGV[4]
-
-if redis.call('SET', L, token, 'NX', 'PX', ttl) then
+local L, token = KEYS[1], ARGV[1]
+if redis.call('SET', L, token, 'NX', 'PX', ARGV[2]) then
   -- Free, so nobody is queued (waiters keep L in the long form).
   if ARGV[5] == '1' then
     -- Unless L vanished under them (an eviction, an outside DEL): leave.
-    redis.call('ZREM', q, entry)
-    redis.call('ZREM', l, entry)
+    redis.call('ZREM', L .. ':q', ARGV[4])
+    redis.call('ZREM', L .. ':l', ARGV[4])
   end
   local now_us = time_us()
   return {1, next_fence(L, now_us), now_us}
 end
+
+local ttl = tonumber(ARGV[2])
+local q, l = L .. ':q', L .. ':l'
+local entry = ARGV[4]
 
 local now_us = time_us()
 local now_ms = math.floor(now_us / 1000)
@@ -58,7 +59,7 @@ if not string.find(v, ':', 1, true) then
   end
   -- Someone will wait: move the lease into the value, in the long form.
   v = string.format('%s:%d:%s', v, now_ms + left, grant)
-  redis.call('SET', L, v, 'PX', 604800000)
+  redis.call('SET', L, v, 'PX', '604800000')
 end
 
 local owner, expires = nil, 0
@@ -85,7 +86,7 @@ if not owner then
     end
     local fence = next_fence(L, now_us)
     if redis.call('EXISTS', q) == 1 then
-      redis.call('SET', L, string.format('%s:%d:%d:%d:%d', token, now_ms + ttl, fence, now_us, ttl), 'PX', 604800000)
+      redis.call('SET', L, string.format('%s:%d:%d:%d:%d', token, now_ms + ttl, fence, now_us, ttl), 'PX', '604800000')
     else
       redis.call('SET', L, token, 'PX', ttl) -- nobody else waits: the short form
     end

@@ -18,5 +18,5 @@ local now_ms = math.floor(time_us() / 1000)
 if o ~= token or tonumber(e) <= now_ms then
   return 0
 end
-redis.call('SET', L, string.format('%s:%d:', token, now_ms + tonumber(ARGV[2])) .. rest, 'PX', 604800000)
+redis.call('SET', L, string.format('%s:%d:', token, now_ms + tonumber(ARGV[2])) .. rest, 'PX', '604800000')
 return 1

@@ -15,11 +15,11 @@ end
 -- mints fences above every earlier one.
 local function next_fence(L, now_us)
   local F = L .. ':f'
-  local last = tonumber(redis.call('SET', F, string.format('%d', now_us), 'PX', 604800000, 'GET') or '0') or 0
+  local last = tonumber(redis.call('SET', F, string.format('%d', now_us), 'PX', '604800000', 'GET') or '0') or 0
   if last < now_us then
     return now_us
   end
   -- The clock is behind the last fence (it stepped back): count on from it.
-  redis.call('SET', F, string.format('%d', last + 1), 'PX', 604800000)
+  redis.call('SET', F, string.format('%d', last + 1), 'PX', '604800000')
   return last + 1
 end

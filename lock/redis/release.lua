@@ -17,10 +17,9 @@
 --         {2}                    handed to the first queued waiter
 --         {3, fence, now_us}     passed to ARGV[4]
 local L, token = KEYS[1], ARGV[1]
-local q, l = L .. ':q', L .. ':l'
 if ARGV[2] ~= '' then
-  redis.call('ZREM', q, ARGV[2])
-  redis.call('ZREM', l, ARGV[2])
+  redis.call('ZREM', L .. ':q', ARGV[2])
+  redis.call('ZREM', L .. ':l', ARGV[2])
 end
 local v = redis.call('GET', L)
 if v == token then
@@ -37,6 +36,7 @@ end
 if not v or not string.find(v, ':', 1, true) then
   return {0}
 end
+local q, l = L .. ':q', L .. ':l'
 local o, e = string.match(v, '^([^:]+):(%d+):')
 local now_us = time_us()
 local now_ms = math.floor(now_us / 1000)
@@ -56,7 +56,7 @@ if ARGV[4] ~= '' and (not head[1] or now_us - tonumber(head[2]) < tonumber(ARGV[
   local ttl = tonumber(ARGV[5])
   local fence = next_fence(L, now_us)
   if head[1] then
-    redis.call('SET', L, string.format('%s:%d:%d:%d:%d', ARGV[4], now_ms + ttl, fence, now_us, ttl), 'PX', 604800000)
+    redis.call('SET', L, string.format('%s:%d:%d:%d:%d', ARGV[4], now_ms + ttl, fence, now_us, ttl), 'PX', '604800000')
   else
     redis.call('SET', L, ARGV[4], 'PX', ttl)
   end
@@ -69,7 +69,7 @@ if head[1] then
   local next_token, grant_ms, channel = string.match(head[1], '^([^:]+):(%d+):(.*)$')
   local fence = next_fence(L, now_us)
   if head[3] then
-    redis.call('SET', L, string.format('%s:%d:%d:%d:%s', next_token, now_ms + tonumber(grant_ms), fence, now_us, grant_ms), 'PX', 604800000)
+    redis.call('SET', L, string.format('%s:%d:%d:%d:%s', next_token, now_ms + tonumber(grant_ms), fence, now_us, grant_ms), 'PX', '604800000')
   else
     -- The last waiter: back to the short form. Should its wake-up be lost,
     -- acquire.lua still recognises its own token there.
