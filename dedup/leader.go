@@ -127,12 +127,26 @@ func (l *Leader) Publish(ctx context.Context, frame []byte) error {
 // releases the lease. If the store does not confirm, the flight is aborted
 // and the error returned.
 func (l *Leader) Finish(ctx context.Context) error {
+	return l.FinishFor(ctx, l.retain)
+}
+
+// Retain is how long the result stays readable after Finish (the retain
+// given to Join).
+func (l *Leader) Retain() time.Duration { return l.retain }
+
+// FinishFor is Finish with a retain of its own instead of the one given to
+// Join: for a result that followers still reading should get, but late
+// joiners should not for long (an answer the upstream cut short, say).
+func (l *Leader) FinishFor(ctx context.Context, retain time.Duration) error {
+	if retain < MinRetain {
+		return fmt.Errorf("%w: retain %v is below the minimum %v", ErrInvalid, retain, MinRetain)
+	}
 	l.opMu.Lock()
 	defer l.opMu.Unlock()
 	if err := l.usable(); err != nil {
 		return err
 	}
-	if err := l.g.b.Finish(ctx, l.f.key, l.Fence(), l.retain); err != nil {
+	if err := l.g.b.Finish(ctx, l.f.key, l.Fence(), retain); err != nil {
 		if errors.Is(err, ErrLost) {
 			l.lose()
 			return err

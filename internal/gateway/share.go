@@ -182,12 +182,26 @@ func (g *Gateway) lead(ctx context.Context, w http.ResponseWriter, r *http.Reque
 		if err := l.Abort(fctx); err != nil {
 			g.log.Warn("could not abort a shared request", "request_id", c.id, "err", err)
 		}
-	} else if err := l.Finish(fctx); err != nil {
+	} else if err := l.FinishFor(fctx, g.retainOf(c, l)); err != nil {
 		g.log.Warn("could not finish a shared request", "request_id", c.id, "err", err)
 	}
 	if cache != nil && tee.record != nil {
 		g.fillCache(c, cache, tee.record)
 	}
+}
+
+// brokenRetain is how long a stream the provider cut short stays readable
+// after its flight ends: long enough for followers still relaying it to
+// read to its end, too short for a client's retry (the same Idempotency-Key
+// a second later) to get the broken answer again instead of a new call.
+var brokenRetain = time.Second
+
+// retainOf is how long the result of the flight c led stays readable.
+func (g *Gateway) retainOf(c *call, l *dedup.Leader) time.Duration {
+	if c.outcome == "upstream_stream_broken" {
+		return min(brokenRetain, l.Retain())
+	}
+	return l.Retain()
 }
 
 // follow relays a flight's frames to the client. It reports whether the

@@ -414,3 +414,62 @@ func TestParseTTL(t *testing.T) {
 		}
 	}
 }
+
+// TestBrokenStreamIsNotReplayed: a stream the provider cut short ends its
+// flight like any answer (followers relaying it get it to its end), but a
+// retry with the same Idempotency-Key soon after makes a new upstream call
+// instead of replaying the broken answer; a complete stream is replayed.
+func TestBrokenStreamIsNotReplayed(t *testing.T) {
+	old := brokenRetain
+	brokenRetain = 20 * time.Millisecond
+	t.Cleanup(func() { brokenRetain = old })
+	body := `{"model":"gpt-4.1","stream":true,"messages":[{"role":"user","content":"a long story, please"}]}`
+	for _, broken := range []bool{false, true} {
+		t.Run(fmt.Sprintf("broken=%v", broken), func(t *testing.T) {
+			cfg := sim.Config{}
+			if broken {
+				cfg.DropRate = 1
+			}
+			h := newHarness(t, harnessConfig{sim: cfg})
+			send := func() (string, string) {
+				resp := h.post("/v1/chat/completions", tenantKey, body, "Idempotency-Key", "story-1")
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("status %d: %s", resp.StatusCode, b)
+				}
+				return resp.Header.Get("X-Llmgate-Dedup"), string(b)
+			}
+			role, first := send()
+			if role != "leader" || strings.Contains(first, "stream_interrupted") != broken {
+				t.Fatalf("first: %s, interrupted=%v: %s", role, strings.Contains(first, "stream_interrupted"), first)
+			}
+			if !broken {
+				for i := range 5 {
+					if role, again := send(); role != "follower" || again != first {
+						t.Fatalf("retry %d: %s, same answer %v", i, role, again == first)
+					}
+				}
+				if c := h.sim.Stats().Total.Calls; c != 1 {
+					t.Fatalf("%d upstream calls, want 1", c)
+				}
+				return
+			}
+			// Retries within brokenRetain may still get the broken answer;
+			// after it, one makes a new call.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				role, _ := send()
+				if role == "leader" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("every retry for 10s replayed the broken stream")
+				}
+			}
+			if c := h.sim.Stats().Total.Calls; c != 2 {
+				t.Fatalf("%d upstream calls, want 2", c)
+			}
+		})
+	}
+}
