@@ -61,14 +61,14 @@ type Transport struct {
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
 
-	mu    sync.Mutex // protects hosts
-	hosts map[string]*host
+	hosts sync.Map // scheme://host:port -> *host
 }
 
 // host is one scheme://host:port the transport talks to.
 type host struct {
-	viaProxy bool    // decided once: requests to this host go to Fallback
-	idle     []*conn // most recently used last
+	viaProxy bool       // decided once: requests to this host go to Fallback
+	mu       sync.Mutex // protects idle
+	idle     []*conn    // most recently used last
 }
 
 // New returns a Transport that sends what it cannot serve to fallback.
@@ -104,7 +104,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	for retried := false; ; retried = true {
-		c, err := t.get(req.Context(), key, h, req.URL)
+		c, err := t.get(req.Context(), h, req.URL)
 		if err != nil {
 			return nil, err
 		}
@@ -156,11 +156,8 @@ func canonicalAddr(u *url.URL) string {
 // host returns the state of key, deciding on first use whether its
 // requests go through a proxy.
 func (t *Transport) host(key string, req *http.Request) (*host, error) {
-	t.mu.Lock()
-	h := t.hosts[key]
-	t.mu.Unlock()
-	if h != nil {
-		return h, nil
+	if h, ok := t.hosts.Load(key); ok {
+		return h.(*host), nil
 	}
 	proxy := t.Proxy
 	if proxy == nil {
@@ -170,41 +167,33 @@ func (t *Transport) host(key string, req *http.Request) (*host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("h1: proxy for %s: %w", key, err)
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.hosts == nil {
-		t.hosts = make(map[string]*host)
-	}
-	if h = t.hosts[key]; h == nil {
-		h = &host{viaProxy: p != nil}
-		t.hosts[key] = h
-	}
-	return h, nil
+	h, _ := t.hosts.LoadOrStore(key, &host{viaProxy: p != nil})
+	return h.(*host), nil
 }
 
-// get returns an idle connection to key, or dials a new one.
-func (t *Transport) get(ctx context.Context, key string, h *host, u *url.URL) (*conn, error) {
+// get returns an idle connection of h, or dials a new one.
+func (t *Transport) get(ctx context.Context, h *host, u *url.URL) (*conn, error) {
 	now := time.Now()
 	idleTimeout := positive(t.IdleTimeout, DefaultIdleTimeout)
-	t.mu.Lock()
+	h.mu.Lock()
 	for n := len(h.idle); n > 0; n = len(h.idle) {
 		c := h.idle[n-1]
 		h.idle[n-1] = nil
 		h.idle = h.idle[:n-1]
 		if now.Sub(c.idleSince) < idleTimeout {
-			t.mu.Unlock()
+			h.mu.Unlock()
 			c.reused = true
 			return c, nil
 		}
-		t.mu.Unlock()
+		h.mu.Unlock()
 		c.close() // too old: the server has likely dropped it
-		t.mu.Lock()
+		h.mu.Lock()
 	}
-	t.mu.Unlock()
-	return t.dial(ctx, key, u)
+	h.mu.Unlock()
+	return t.dial(ctx, h, u)
 }
 
-func (t *Transport) dial(ctx context.Context, key string, u *url.URL) (*conn, error) {
+func (t *Transport) dial(ctx context.Context, h *host, u *url.URL) (*conn, error) {
 	dial := t.DialContext
 	if dial == nil {
 		dial = (&net.Dialer{Timeout: DefaultDialTimeout, KeepAlive: 30 * time.Second}).DialContext
@@ -230,7 +219,7 @@ func (t *Transport) dial(ctx context.Context, key string, u *url.URL) (*conn, er
 		}
 		nc = tc
 	}
-	c := &conn{t: t, key: key, nc: nc, bw: bufio.NewWriterSize(nc, 4096)}
+	c := &conn{t: t, h: h, nc: nc, bw: bufio.NewWriterSize(nc, 4096)}
 	c.br = bufio.NewReaderSize(countingReader{c}, 4096)
 	return c, nil
 }
@@ -238,26 +227,28 @@ func (t *Transport) dial(ctx context.Context, key string, u *url.URL) (*conn, er
 // put returns c to its host's idle pool, or closes it if the pool is full.
 func (t *Transport) put(c *conn) {
 	c.idleSince = time.Now()
-	t.mu.Lock()
-	h := t.hosts[c.key]
-	if h != nil && len(h.idle) < positive(t.MaxIdlePerHost, DefaultMaxIdlePerHost) {
+	h := c.h
+	h.mu.Lock()
+	if len(h.idle) < positive(t.MaxIdlePerHost, DefaultMaxIdlePerHost) {
 		h.idle = append(h.idle, c)
-		t.mu.Unlock()
+		h.mu.Unlock()
 		return
 	}
-	t.mu.Unlock()
+	h.mu.Unlock()
 	c.close()
 }
 
 // CloseIdleConnections closes every idle connection, and Fallback's.
 func (t *Transport) CloseIdleConnections() {
-	t.mu.Lock()
 	var idle []*conn
-	for _, h := range t.hosts {
+	t.hosts.Range(func(_, v any) bool {
+		h := v.(*host)
+		h.mu.Lock()
 		idle = append(idle, h.idle...)
 		h.idle = nil
-	}
-	t.mu.Unlock()
+		h.mu.Unlock()
+		return true
+	})
 	for _, c := range idle {
 		c.close()
 	}
@@ -269,7 +260,7 @@ func (t *Transport) CloseIdleConnections() {
 // conn is one HTTP/1.1 connection, used by one request at a time.
 type conn struct {
 	t         *Transport
-	key       string
+	h         *host // its pool
 	nc        net.Conn
 	br        *bufio.Reader
 	bw        *bufio.Writer

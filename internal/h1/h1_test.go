@@ -519,23 +519,25 @@ func TestIdleLimits(t *testing.T) {
 	for _, r := range resps {
 		readAll(t, r)
 	}
-	tr.mu.Lock()
-	idle := 0
-	for _, h := range tr.hosts {
-		idle += len(h.idle)
-	}
-	tr.mu.Unlock()
-	if idle != 2 {
+	if idle := idleCount(tr); idle != 2 {
 		t.Fatalf("%d idle connections, want MaxIdlePerHost = 2", idle)
 	}
 	tr.CloseIdleConnections()
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	for _, h := range tr.hosts {
-		if len(h.idle) != 0 {
-			t.Fatalf("idle connections left after CloseIdleConnections")
-		}
+	if idle := idleCount(tr); idle != 0 {
+		t.Fatalf("%d idle connections left after CloseIdleConnections", idle)
 	}
+}
+
+func idleCount(tr *Transport) int {
+	n := 0
+	tr.hosts.Range(func(_, v any) bool {
+		h := v.(*host)
+		h.mu.Lock()
+		n += len(h.idle)
+		h.mu.Unlock()
+		return true
+	})
+	return n
 }
 
 func TestRequestBodyIsClosed(t *testing.T) {
