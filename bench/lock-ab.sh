@@ -9,6 +9,7 @@
 #   bench/lock-ab.sh 3 redis://127.0.0.1:7711 /tmp/old /tmp/new /tmp/peers goredis-poll -- \
 #       --workers 16 --keys 16 --shared-client --duration 3s
 set -euo pipefail
+command -v redis-cli >/dev/null && [ -x /usr/bin/time ] || { echo "lock-ab.sh: needs redis-cli and /usr/bin/time (Debian: apt-get install redis-tools time)" >&2; exit 2; }
 reps=$1 url=$2 old=$3 new=$4; shift 4
 peers="" algos=()
 if [ "${1:-}" != "--" ]; then peers=$1; shift; while [ "${1:-}" != "--" ]; do algos+=("$1"); shift; done; fi
