@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -91,15 +92,15 @@ func TestThroughputSmoke(t *testing.T) {
 					t.Errorf("local_quota not reported: %s", out)
 				}
 			} else {
-				if rt := m["round_trips_per_decision"].(float64); rt != tc.roundTrips {
+				if rt := m["round_trips_per_decision"].(float64); !about(rt, tc.roundTrips) {
 					t.Errorf("round_trips_per_decision = %v, want %v", rt, tc.roundTrips)
 				}
-				if s := m["server_scripts_per_decision"].(float64); s != tc.roundTrips {
+				if s := m["server_scripts_per_decision"].(float64); !about(s, tc.roundTrips) {
 					t.Errorf("server_scripts_per_decision = %v, want %v", s, tc.roundTrips)
 				}
 			}
 			b := m["baseline"].(map[string]any)
-			if b["algo"] != "gcra" || b["decisions_per_sec"].(float64) <= 0 || b["round_trips_per_decision"].(float64) != 1 {
+			if b["algo"] != "gcra" || b["decisions_per_sec"].(float64) <= 0 || !about(b["round_trips_per_decision"].(float64), 1) {
 				t.Errorf("baseline = %v", b)
 			}
 			if m["ratio_vs_baseline"].(float64) <= 0 {
@@ -179,3 +180,8 @@ func TestUsage(t *testing.T) {
 		t.Fatalf("--help: exit %d\n%s", code, out)
 	}
 }
+
+// about reports whether a measured per-decision count is want, give or take
+// the few calls a run adds at its edges (a script loaded after NOSCRIPT, a
+// decision in flight when the counters are read): 1%.
+func about(got, want float64) bool { return math.Abs(got-want) <= 0.01*want }
