@@ -87,6 +87,11 @@ type Config struct {
 	// on the same connection and in the same scheduling regime as the run.
 	// 0: never.
 	PingEvery int
+	// Warmup makes each worker take and release a key of its own once
+	// before the clock starts, so that what a process does once per store
+	// client (connect; subscribe to wake-ups, on its first wait) is not
+	// counted as waiting for the lock. Main turns it on (--warmup).
+	Warmup bool
 }
 
 // Defaults used by Main for flags left out.
@@ -151,6 +156,7 @@ type Result struct {
 	CSUs         float64 `json:"cs_us"`
 	TTLS         float64 `json:"ttl_s"`
 	SharedClient bool    `json:"shared_client"`
+	Warmup       bool    `json:"warmup"`
 	DurationS    float64 `json:"duration_s"` // measured: first start to last worker done
 
 	// Acquisitions is the number of completed critical sections.
@@ -268,7 +274,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res := &Result{
 		Algo: cfg.Algo.Name, Store: storeurl.Redact(cfg.Store), Workers: cfg.Workers, Keys: cfg.Keys,
-		Fair: cfg.Fair, CSUs: us(cfg.CS), TTLS: cfg.TTL.Seconds(), SharedClient: cfg.SharedClient,
+		Fair: cfg.Fair, CSUs: us(cfg.CS), TTLS: cfg.TTL.Seconds(), SharedClient: cfg.SharedClient, Warmup: cfg.Warmup,
 		GoMaxProcs: runtime.GOMAXPROCS(0), StartedAt: time.Now().UTC().Format(time.RFC3339),
 	}
 
@@ -311,6 +317,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	runID := lock.NewToken()[:12]
+	if cfg.Warmup {
+		if err := warmUp(ctx, mutexes, runID); err != nil {
+			return nil, fmt.Errorf("lockbench: %s: warm-up: %w", cfg.Algo.Name, err)
+		}
+	}
 	keys := make([]string, cfg.Keys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("lockbench:%s:%d", runID, i)
@@ -515,4 +526,22 @@ func fill(res *Result, cfg Config, stats []workerStats, elapsed time.Duration, p
 	if unit > 0 && res.PairP50Us > 0 {
 		res.PairPings = round(res.PairP50Us/unit, 2)
 	}
+}
+
+// warmUp has every worker take and release a key of its own once, all at
+// the same time (see Config.Warmup).
+func warmUp(ctx context.Context, mutexes []Mutex, runID string) error {
+	errs := make([]error, len(mutexes))
+	var wg sync.WaitGroup
+	for w, m := range mutexes {
+		wg.Go(func() {
+			release, err := m.Lock(ctx, fmt.Sprintf("lockbench:%s:warmup:%d", runID, w))
+			if err == nil {
+				err = release(ctx)
+			}
+			errs[w] = err
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

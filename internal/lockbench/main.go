@@ -55,6 +55,7 @@ func MainWith(ctx context.Context, args []string, stdout, stderr io.Writer, extr
 	fs.BoolVar(&cfg.SharedClient, "shared-client", false, "all workers share one store client")
 	fs.IntVar(&cfg.Pings, "ping", DefaultPings, "PINGs timed before and after the run (0: none)")
 	fs.IntVar(&cfg.PingEvery, "ping-every", 0, "worker 0 also times a PING after every `N`th cycle (0: never)")
+	fs.BoolVar(&cfg.Warmup, "warmup", true, "each worker takes and releases a key of its own once before the clock starts (connects, subscribes); false: count a cold start")
 	fs.BoolVar(&jsonOut, "json", false, "print one JSON object instead of a table")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to `file`")
 

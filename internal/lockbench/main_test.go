@@ -158,10 +158,20 @@ func TestMainMaxOps(t *testing.T) {
 	}
 	m := decode(t, out)
 	if n := m["acquisitions"].(float64); n != 100 {
-		t.Errorf("acquisitions = %v, want 100", n)
+		t.Errorf("acquisitions = %v, want 100 (the warm-up acquisitions are not counted)", n)
 	}
 	if d := m["duration_s"].(float64); d > 5 {
 		t.Errorf("--max-ops did not end the run: it took %vs", d)
+	}
+	if m["warmup"] != true {
+		t.Errorf("warmup = %v, want true by default", m["warmup"])
+	}
+	code, out, errOut = runMain(t, "--store", "memory", "--workers", "2", "--max-ops", "10", "--warmup=false", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+	if m := decode(t, out); m["warmup"] != false || m["acquisitions"].(float64) != 10 {
+		t.Errorf("--warmup=false: warmup = %v, acquisitions = %v", m["warmup"], m["acquisitions"])
 	}
 }
 
