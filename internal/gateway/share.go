@@ -182,7 +182,7 @@ func (g *Gateway) lead(ctx context.Context, w http.ResponseWriter, r *http.Reque
 		if err := l.Abort(fctx); err != nil {
 			g.log.Warn("could not abort a shared request", "request_id", c.id, "err", err)
 		}
-	} else if err := l.FinishFor(fctx, g.retainOf(c, l)); err != nil {
+	} else if err := l.FinishFor(fctx, retainOf(c, l)); err != nil {
 		g.log.Warn("could not finish a shared request", "request_id", c.id, "err", err)
 	}
 	if cache != nil && tee.record != nil {
@@ -197,7 +197,7 @@ func (g *Gateway) lead(ctx context.Context, w http.ResponseWriter, r *http.Reque
 var brokenRetain = time.Second
 
 // retainOf is how long the result of the flight c led stays readable.
-func (g *Gateway) retainOf(c *call, l *dedup.Leader) time.Duration {
+func retainOf(c *call, l *dedup.Leader) time.Duration {
 	if c.outcome == "upstream_stream_broken" {
 		return min(brokenRetain, l.Retain())
 	}

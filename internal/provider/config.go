@@ -169,10 +169,7 @@ func (c Config) Validate() error {
 // net/http's Transport, see BENCHMARKS.md), and net/http with HTTP/2 for
 // hosts behind a proxy.
 func newTransport() http.RoundTripper {
-	t := h1.New(newHTTPTransport())
-	t.MaxIdlePerHost = 512
-	t.IdleTimeout = 90 * time.Second
-	return t
+	return h1.New(newHTTPTransport()) // h1's defaults: 512 idle per host, 90s
 }
 
 // newHTTPTransport is net/http's transport, tuned for a gateway.
