@@ -170,6 +170,10 @@ type Request struct {
 	// most MaxDefer, within its deadline) so that the latency of waking a
 	// waiter costs no capacity; Allow leaves it 0.
 	Defer time.Duration
+	// MaxWait, when positive, bounds how long Wait queues, as a deadline
+	// on its context would (the earlier of the two applies); a request
+	// admitted at once then costs no timer. Allow ignores it.
+	MaxWait time.Duration
 }
 
 // Status is the state of one charged limit after a decision.
@@ -494,6 +498,10 @@ func (l *Limiter) tryLocal(ctx context.Context, r *Request, chosenID bool) (d De
 // store error while waiting is retried until ctx ends; a store outage at the
 // first attempt applies the fail-open/fail-closed policy.
 func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
+	var deadline time.Time
+	if req.MaxWait > 0 {
+		deadline = time.Now().Add(req.MaxWait)
+	}
 	r, err := normalize(req)
 	if err != nil {
 		return Decision{}, err
@@ -503,8 +511,23 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 		return d, err
 	}
 	r.Defer = MaxDefer
-	if dl, ok := ctx.Deadline(); ok {
+	dl, ok := ctx.Deadline()
+	if !deadline.IsZero() && (!ok || deadline.Before(dl)) {
+		dl, ok = deadline, true
+	}
+	if ok {
 		r.Defer = max(min(r.Defer, time.Until(dl)), 0)
+	}
+	// MaxWait becomes a context deadline only once the request has to
+	// wait: the first attempt, which admits most requests, runs on ctx.
+	bounded := deadline.IsZero()
+	cancel := context.CancelFunc(func() {})
+	defer func() { cancel() }()
+	bound := func() {
+		if !bounded {
+			ctx, cancel = context.WithDeadline(ctx, deadline)
+			bounded = true
+		}
 	}
 	renew := l.waiterLease / 3
 	first := true
@@ -520,6 +543,7 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 				_, _ = l.giveUp(ctx, r, last)
 				return Decision{ID: r.ID}, err
 			}
+			bound()
 			if werr := sleepCtx(ctx, backoff); werr != nil {
 				return l.giveUp(ctx, r, last)
 			}
@@ -540,6 +564,7 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 		if d.DeniedBy != "" {
 			last = d
 		}
+		bound()
 		renewAt := time.Now().Add(renew)
 		for {
 			// Sleep until told, until the hint says we fit, or until our

@@ -137,10 +137,9 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 
 // wait queues c for dep until admitted or c.maxWait passes.
 func (g *Gateway) wait(ctx context.Context, c *call, dep *deployment, req ratelimit.Request) (admitted, *apiError) {
-	wctx, cancel := context.WithTimeout(ctx, c.maxWait)
-	defer cancel()
+	req.MaxWait = c.maxWait
 	start := time.Now()
-	d, err := g.opt.Limiter.Wait(wctx, req)
+	d, err := g.opt.Limiter.Wait(ctx, req)
 	waited := time.Since(start)
 	g.metrics.admissionWait.Observe(waited.Seconds())
 	if err == nil {

@@ -129,7 +129,7 @@ type Config struct {
 	// Factory builds the gateway of VariantMemory, VariantRedis and
 	// VariantRedisStrict.
 	Factory GatewayFactory
-	// ProfileVariant, when Profile or MutexProfile is not nil, is run
+	// ProfileVariant, when Profile, MutexProfile or MemProfile is not nil, is run
 	// once more after the repetitions, at the highest concurrency for
 	// Duration, with the CPU profiler writing to Profile and the mutex
 	// profiler (every contention event) to MutexProfile. Default
@@ -137,6 +137,15 @@ type Config struct {
 	ProfileVariant string
 	Profile        io.Writer
 	MutexProfile   io.Writer
+	// MemProfile and MemProfileBase, when not nil, get the process's
+	// allocation profile after and before that run: the run's own
+	// allocations are the difference (go tool pprof -base).
+	MemProfile, MemProfileBase io.Writer
+}
+
+// profiling reports whether a profiled run is asked for.
+func (c *Config) profiling() bool {
+	return c.Profile != nil || c.MutexProfile != nil || c.MemProfile != nil
 }
 
 // withDefaults fills unset fields.
@@ -204,7 +213,7 @@ func (c Config) Validate() error {
 	if redis && c.Redis == "" {
 		return fmt.Errorf("%w: the %s and %s variants need a Redis: give --redis ADDR, or put redis-server on PATH", ErrConfig, VariantRedis, VariantRedisStrict)
 	}
-	if (c.Profile != nil || c.MutexProfile != nil) && !seenV[c.ProfileVariant] {
+	if c.profiling() && !seenV[c.ProfileVariant] {
 		return fmt.Errorf("%w: --profile-variant %s is not among --variants", ErrConfig, c.ProfileVariant)
 	}
 	return nil

@@ -24,7 +24,7 @@ const (
 )
 
 const usageSynopsis = "usage: llmgate bench gateway [--duration D] [--reps N] [--concurrency 1,16,64] [--variants direct,proxy,memory,redis,redis-strict]\n" +
-	"                             [--redis ADDR] [--stream=false] [--cpuprofile FILE] [--mutexprofile FILE] [--profile-variant V] [--json] [--out FILE]"
+	"                             [--redis ADDR] [--stream=false] [--cpuprofile FILE] [--mutexprofile FILE] [--memprofile FILE] [--profile-variant V] [--json] [--out FILE]"
 
 // Main runs `llmgate bench gateway`; args are those after "gateway".
 // factory builds the llmgate variants. It prints a table, or one JSON
@@ -40,6 +40,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 		outPath     string
 		cpuProfile  string
 		mutexProf   string
+		memProf     string
 	)
 	fs.DurationVar(&cfg.Duration, "duration", DefaultDuration, "how long each cell runs (each variant at each concurrency)")
 	fs.IntVar(&cfg.Reps, "reps", DefaultReps, "interleaved repetitions; medians are reported")
@@ -50,7 +51,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 	fs.Int64Var(&cfg.MaxRequests, "max-requests", DefaultMaxRequests, "stop a cell after this many requests")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "after the repetitions, run --profile-variant at the highest concurrency once more and write its CPU profile to `file`")
 	fs.StringVar(&mutexProf, "mutexprofile", "", "like --cpuprofile, with the mutex contention profile written to `file` (both may be given)")
-	fs.StringVar(&cfg.ProfileVariant, "profile-variant", VariantMemory, "the variant --cpuprofile and --mutexprofile profile")
+	fs.StringVar(&memProf, "memprofile", "", "like --cpuprofile, with the allocation profiles after and before the run written to `file` and file.base (go tool pprof -sample_index=alloc_space -base file.base)")
+	fs.StringVar(&cfg.ProfileVariant, "profile-variant", VariantMemory, "the variant --cpuprofile, --mutexprofile and --memprofile profile")
 	fs.BoolVar(&jsonOut, "json", false, "print one JSON object instead of a table")
 	fs.StringVar(&outPath, "out", "", "also write the JSON object to `file` (the table still goes to stdout)")
 
@@ -121,15 +123,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 			return bad("--redis: %s", strings.TrimPrefix(err.Error(), "storeurl: "))
 		}
 	}
-	if set["profile-variant"] && cpuProfile == "" && mutexProf == "" {
-		return bad("--profile-variant applies with --cpuprofile or --mutexprofile only")
+	if set["profile-variant"] && cpuProfile == "" && mutexProf == "" && memProf == "" {
+		return bad("--profile-variant applies with --cpuprofile, --mutexprofile or --memprofile only")
 	}
 	// Checked before a redis-server is started for nothing.
 	check := cfg
 	if check.Redis == "" {
 		check.Redis = "redis://127.0.0.1:6379" // stands in for the one started below
 	}
-	if cpuProfile != "" || mutexProf != "" {
+	if cpuProfile != "" || mutexProf != "" || memProf != "" {
 		check.Profile = io.Discard
 	}
 	if err := check.Validate(); err != nil {
@@ -159,7 +161,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 	for _, p := range []struct {
 		path string
 		w    *io.Writer
-	}{{cpuProfile, &cfg.Profile}, {mutexProf, &cfg.MutexProfile}} {
+	}{{cpuProfile, &cfg.Profile}, {mutexProf, &cfg.MutexProfile}, {memProf, &cfg.MemProfile}, {memBase(memProf), &cfg.MemProfileBase}} {
 		if p.path == "" {
 			continue
 		}
@@ -308,4 +310,12 @@ func PrintResult(w io.Writer, r *Result) {
 	if r.Flagged {
 		fmt.Fprintf(w, "\nFLAGGED: %d requests failed; first: %s\n", r.Errors, firstError(r))
 	}
+}
+
+// memBase is where --memprofile's before-the-run profile goes.
+func memBase(path string) string {
+	if path == "" {
+		return ""
+	}
+	return path + ".base"
 }

@@ -291,7 +291,7 @@ reps:
 		res.Load1 = append(res.Load1, l)
 	}
 
-	if (cfg.Profile != nil || cfg.MutexProfile != nil) && !res.Interrupted {
+	if cfg.profiling() && !res.Interrupted {
 		m, err := b.profile(ctx, cfg, top)
 		if err != nil {
 			return nil, err
@@ -327,9 +327,16 @@ func (b *bench) profile(ctx context.Context, cfg Config, cell Cell) (Measurement
 		prev := runtime.SetMutexProfileFraction(1)
 		defer runtime.SetMutexProfileFraction(prev)
 	}
+	// The allocation profile is as of the last garbage collection.
+	if err := writeAllocs(cfg.MemProfileBase); err != nil {
+		return Measurement{}, err
+	}
 	m := b.measure(ctx, cfg.ProfileVariant, cell, cfg)
 	if cfg.Profile != nil {
 		pprof.StopCPUProfile()
+	}
+	if err := writeAllocs(cfg.MemProfile); err != nil {
+		return m, err
 	}
 	if cfg.MutexProfile != nil {
 		if err := pprof.Lookup("mutex").WriteTo(cfg.MutexProfile, 0); err != nil {
@@ -337,6 +344,19 @@ func (b *bench) profile(ctx context.Context, cfg Config, cell Cell) (Measurement
 		}
 	}
 	return m, nil
+}
+
+// writeAllocs writes the allocation profile as of a fresh garbage
+// collection to w, if w is not nil.
+func writeAllocs(w io.Writer) error {
+	if w == nil {
+		return nil
+	}
+	runtime.GC()
+	if err := pprof.Lookup("allocs").WriteTo(w, 0); err != nil {
+		return fmt.Errorf("gatewaybench: allocation profile: %w", err)
+	}
+	return nil
 }
 
 func ttfbNote(m Measurement) string {

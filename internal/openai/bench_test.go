@@ -11,6 +11,19 @@ import (
 // chatBody is a typical three-message chat request.
 var chatBody = []byte(`{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"},{"role":"assistant","content":"The capital of France is Paris."}],"temperature":0.2,"max_tokens":256,"stream":true,"stream_options":{"include_usage":true}}`)
 
+// fullAnswer is a chat completion as OpenAI sends it, usage details included.
+var fullAnswer = []byte(`{"id":"chatcmpl-sim-3f2a","object":"chat.completion","created":1764633600,"model":"gpt-4.1-mini","choices":[{"index":0,"message":{"role":"assistant","content":"The weather in San Francisco is mild today with fog early.","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":57,"completion_tokens":10,"total_tokens":67,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_sim"}`)
+
+func BenchmarkParseUsage(b *testing.B) {
+	b.ReportAllocs()
+	b.SetBytes(int64(len(fullAnswer)))
+	for b.Loop() {
+		if u := ParseUsage(fullAnswer); u == nil || u.TotalTokens != 67 {
+			b.Fatal(u)
+		}
+	}
+}
+
 func BenchmarkParseRequest(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(chatBody)))

@@ -1,8 +1,9 @@
 package openai
 
 import (
-	"bytes"
 	"encoding/json"
+
+	"github.com/llmgate/llmgate/internal/jsonscan"
 )
 
 // Member returns the raw value of the top-level member name of the JSON
@@ -11,13 +12,13 @@ import (
 // body is not a JSON object. It is for the fields ParseRequest does not
 // read, when a request needs one (the user field as a session id).
 func Member(body []byte, name string) json.RawMessage {
-	obj := bytes.TrimSpace(body)
+	obj := jsonscan.TrimSpace(body)
 	if len(obj) == 0 || obj[0] != '{' || !json.Valid(obj) {
 		return nil
 	}
 	var v json.RawMessage
-	eachMember(obj, func(n string, raw []byte) {
-		if n == name {
+	jsonscan.Members(obj, func(n, raw []byte) {
+		if string(n) == name {
 			v = raw
 		}
 	})

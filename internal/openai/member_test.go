@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"testing"
+
+	"github.com/llmgate/llmgate/internal/jsonscan"
 )
 
 func TestMember(t *testing.T) {
@@ -37,7 +39,7 @@ func FuzzMember(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got := Member(body, "user")
 		var m map[string]json.RawMessage
-		trimmed := bytes.TrimSpace(body)
+		trimmed := jsonscan.TrimSpace(body)
 		if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &m) != nil {
 			if got != nil {
 				t.Fatalf("Member of a non-object %q = %q", body, got)

@@ -8,6 +8,8 @@ import (
 	"maps"
 	"slices"
 	"testing"
+
+	"github.com/llmgate/llmgate/internal/jsonscan"
 )
 
 // The map-based decoder ParseRequest used before its member scanner: the
@@ -53,7 +55,7 @@ func decodeMemberReference(m map[string]json.RawMessage, name, param string, dst
 }
 
 func parseRequestReference(ep Endpoint, body []byte) (*Request, *Error) {
-	trimmed := bytes.TrimSpace(body)
+	trimmed := jsonscan.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return nil, BadRequest("", "The request body is empty. The API expects a JSON object.")
 	}

@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/llmgate/llmgate/internal/jsonscan"
 )
 
 // Endpoint is an API route the gateway proxies.
@@ -89,8 +90,8 @@ type wireRequest struct {
 // the provider's parser; only the values kept are decoded.
 func (w *wireRequest) decode(obj []byte) *Error {
 	var model, stream, maxTokens, maxCompletion, n, temperature []byte
-	eachMember(obj, func(name string, v []byte) {
-		switch name {
+	jsonscan.Members(obj, func(name, v []byte) {
+		switch string(name) {
 		case "model":
 			model = v
 		case "stream":
@@ -141,8 +142,8 @@ func (w *wireRequest) decode(obj []byte) *Error {
 			return typeError("stream_options", json.Unmarshal(so, &m))
 		}
 		var includeUsage []byte
-		eachMember(so, func(name string, v []byte) {
-			if name == "include_usage" {
+		jsonscan.Members(so, func(name, v []byte) {
+			if string(name) == "include_usage" {
 				includeUsage = v
 			}
 		})
@@ -262,7 +263,7 @@ const MaxChoices = 128
 // ParseRequest reads the fields the gateway needs from a body sent to ep.
 // It checks only what the gateway relies on; the provider validates the rest.
 func ParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
-	trimmed := bytes.TrimSpace(body)
+	trimmed := jsonscan.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return nil, BadRequest("", "The request body is empty. The API expects a JSON object.")
 	}
@@ -374,7 +375,7 @@ func Rewrite(body []byte, set map[string]json.RawMessage) ([]byte, error) {
 			return nil, fmt.Errorf("%w: the value for %q is not JSON", ErrRewrite, key)
 		}
 	}
-	obj := bytes.TrimSpace(body)
+	obj := jsonscan.TrimSpace(body)
 	if len(obj) == 0 || obj[0] != '{' {
 		return nil, fmt.Errorf("%w: body is not a JSON object", ErrRewrite)
 	}
@@ -385,7 +386,8 @@ func Rewrite(body []byte, set map[string]json.RawMessage) ([]byte, error) {
 	out = append(out, '{')
 	var done map[string]bool
 	first := true
-	eachMemberRaw(obj, func(key string, rawKey, val []byte) {
+	jsonscan.MembersRaw(obj, func(name, rawKey, val []byte) {
+		key := string(name)
 		if done[key] {
 			return // a duplicate of a key we set: drop it so ours wins everywhere
 		}
@@ -422,13 +424,13 @@ func appendMember(out, key []byte, val json.RawMessage, first bool) []byte {
 // so that the provider reports usage at the end of a stream: the client's
 // own options (raw, may be nil) with include_usage set to true.
 func StreamOptionsWithUsage(body []byte) (json.RawMessage, error) {
-	body = bytes.TrimSpace(body)
+	body = jsonscan.TrimSpace(body)
 	if len(body) == 0 || body[0] != '{' || !json.Valid(body) {
 		return nil, errors.New("openai: stream options: the body is not a JSON object")
 	}
 	var so []byte // names match exactly, the last of duplicates wins: as upstream
-	eachMember(body, func(name string, v []byte) {
-		if name == "stream_options" {
+	jsonscan.Members(body, func(name, v []byte) {
+		if string(name) == "stream_options" {
 			so = v
 		}
 	})

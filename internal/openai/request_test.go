@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/llmgate/llmgate/internal/jsonscan"
 )
 
 // Real request bodies as the OpenAI SDKs send them.
@@ -619,7 +621,7 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		// Accepted: the body is an object, and what was read agrees with an
 		// exact-name decode of it.
-		trimmed := bytes.TrimSpace(body)
+		trimmed := jsonscan.TrimSpace(body)
 		if !json.Valid(trimmed) || trimmed[0] != '{' {
 			t.Fatalf("accepted a body that is not a JSON object: %q", body)
 		}
@@ -688,7 +690,7 @@ func FuzzRewrite(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, key string, val []byte) {
 		set := raws(key, string(val), "stream", "true")
 		out, err := Rewrite(body, set)
-		object := json.Valid(body) && bytes.TrimSpace(body)[0] == '{'
+		object := json.Valid(body) && jsonscan.TrimSpace(body)[0] == '{'
 		if !json.Valid(val) {
 			if err == nil {
 				t.Fatalf("Rewrite accepted the value %q: %q", val, out)
@@ -706,4 +708,18 @@ func FuzzRewrite(f *testing.F) {
 		}
 		checkRewrite(t, body, set, out)
 	})
+}
+
+// TestOnlyJSONWhiteSpaceAroundBody: a body the provider would refuse as
+// invalid JSON (a vertical tab or a no-break space before the object) is
+// refused here, before it costs quota.
+func TestOnlyJSONWhiteSpaceAroundBody(t *testing.T) {
+	for _, body := range []string{"\v{\"model\":\"m\",\"messages\":[]}", "\u00a0{\"model\":\"m\",\"messages\":[]}"} {
+		if _, err := ParseRequest(ChatCompletions, []byte(body)); err == nil {
+			t.Errorf("ParseRequest(%q) accepted a body that is not JSON", body)
+		}
+	}
+	if _, err := ParseRequest(ChatCompletions, []byte(" \t\r\n{\"model\":\"m\",\"messages\":[]}\n")); err != nil {
+		t.Errorf("ParseRequest refused JSON white space around the body: %v", err)
+	}
 }

@@ -3,6 +3,10 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/llmgate/llmgate/internal/jsonscan"
 )
 
 // Usage is the token usage a provider reports in an answer.
@@ -150,13 +154,100 @@ func lastUsage(body []byte) *Usage {
 	if end < 0 {
 		return nil
 	}
-	var u Usage
-	if err := json.Unmarshal(v[:end], &u); err != nil || !u.valid() {
+	u, ok := scanUsage(v[:end])
+	if !ok {
+		u = new(Usage)
+		if json.Unmarshal(v[:end], u) != nil {
+			return nil
+		}
+	}
+	if !u.valid() {
 		return nil
 	}
-	return &u
+	return u
+}
+
+// scanUsage decodes a usage object (valid JSON) without reflection when its
+// counts are plain integers under their exact names; ok is false for
+// anything else, which encoding/json then decodes (it also matches names
+// without regard to case, and has its own errors).
+func scanUsage(obj []byte) (u *Usage, ok bool) {
+	u, ok = new(Usage), true
+	jsonscan.Members(obj, func(name, v []byte) {
+		switch {
+		case !ok:
+		case string(name) == "prompt_tokens":
+			ok = scanCount(&u.PromptTokens, v)
+		case string(name) == "completion_tokens":
+			ok = scanCount(&u.CompletionTokens, v)
+		case string(name) == "total_tokens":
+			ok = scanCount(&u.TotalTokens, v)
+		case string(name) == "prompt_tokens_details":
+			if string(v) == "null" {
+				u.PromptTokensDetails = nil
+				return
+			}
+			if v[0] != '{' {
+				ok = false
+				return
+			}
+			if u.PromptTokensDetails == nil {
+				u.PromptTokensDetails = &struct {
+					CachedTokens int64 `json:"cached_tokens"`
+				}{}
+			}
+			jsonscan.Members(v, func(name, v []byte) {
+				switch {
+				case !ok:
+				case string(name) == "cached_tokens":
+					ok = scanCount(&u.PromptTokensDetails.CachedTokens, v)
+				default:
+					ok = !foldsTo(name, "cached_tokens")
+				}
+			})
+		default:
+			ok = !foldsTo(name, "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details")
+		}
+	})
+	return u, ok
+}
+
+// scanCount reads a plain non-negative integer (null leaves dst as it is).
+func scanCount(dst *int64, v []byte) bool {
+	if string(v) == "null" {
+		return true
+	}
+	if len(v) == 0 || len(v) > 18 {
+		return false
+	}
+	var n int64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	*dst = n
+	return true
+}
+
+// foldsTo reports whether encoding/json might match name, which is none of
+// fields exactly, to one of them anyway: it matches without regard to
+// case, with Unicode folds for non-ASCII names.
+func foldsTo(name []byte, fields ...string) bool {
+	for _, c := range name {
+		if c >= utf8.RuneSelf {
+			return true
+		}
+	}
+	for _, f := range fields {
+		if len(name) == len(f) && strings.EqualFold(string(name), f) {
+			return true
+		}
+	}
+	return false
 }
 
 // objectEnd returns the length of the JSON object v starts with, or -1 when
 // it does not end; validity is left to the decoder.
-func objectEnd(v []byte) int { return closeOf(v, 0) }
+func objectEnd(v []byte) int { return jsonscan.Close(v, 0) }

@@ -323,3 +323,36 @@ func TestObjectEnd(t *testing.T) {
 		}
 	}
 }
+
+// FuzzScanUsage checks the reflection-free usage decoder against
+// encoding/json: whenever it accepts an object, encoding/json must decode
+// the same counts from it.
+func FuzzScanUsage(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt_tokens":57,"completion_tokens":10,"total_tokens":67,"prompt_tokens_details":{"cached_tokens":3,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}`,
+		`{"prompt_tokens":1,"Prompt_Tokens":2}`, `{"prompt_tokens":null,"prompt_tokens_details":null}`,
+		`{"prompt_tokens_details":{"cached_tokens":1},"prompt_tokens_details":{"audio_tokens":2}}`,
+		`{"prompt_tokens":-1}`, `{"prompt_tokens":1e3}`, `{"prompt_tokens":"5"}`, `{"ſrompt_tokens":4}`,
+		`{"prompt_tokens_details":{"CACHED_TOKENS":2}}`, `{}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, obj []byte) {
+		if len(obj) == 0 || obj[0] != '{' || !json.Valid(obj) {
+			return
+		}
+		got, ok := scanUsage(obj)
+		if !ok {
+			return
+		}
+		var want Usage
+		if err := json.Unmarshal(obj, &want); err != nil {
+			t.Fatalf("scanUsage accepted %s, encoding/json: %v", obj, err)
+		}
+		if got.PromptTokens != want.PromptTokens || got.CompletionTokens != want.CompletionTokens ||
+			got.TotalTokens != want.TotalTokens || (got.PromptTokensDetails == nil) != (want.PromptTokensDetails == nil) ||
+			got.Cached() != want.Cached() {
+			t.Fatalf("%s: %+v, encoding/json %+v", obj, *got, want)
+		}
+	})
+}

@@ -1410,10 +1410,16 @@ func (s *suite) testSharedScopeKeepsOrder(t *testing.T) {
 	wantRemaining(t, ctx, c, dep, lim, 40, 41, "after both")
 }
 
-// testWaitDeadline: a Wait whose context ends first returns ErrLimited and
-// the context's error, with the last refusal; it leaves nothing charged
-// and nothing queued (a later, smaller request goes straight through).
+// testWaitDeadline: a Wait whose context ends first, or whose MaxWait
+// passes, returns ErrLimited and the context's error, with the last
+// refusal; it leaves nothing charged and nothing queued (a later, smaller
+// request goes straight through).
 func (s *suite) testWaitDeadline(t *testing.T) {
+	t.Run("context", func(t *testing.T) { s.waitDeadline(t, false) })
+	t.Run("MaxWait", func(t *testing.T) { s.waitDeadline(t, true) })
+}
+
+func (s *suite) waitDeadline(t *testing.T, maxWait bool) {
 	ctx := testCtx(t, 30*time.Second)
 	c, w := s.client(t), s.client(t)
 	A, B := newScope(t, "A"), newScope(t, "B")
@@ -1421,8 +1427,14 @@ func (s *suite) testWaitDeadline(t *testing.T) {
 	mustAllow(t, ctx, c, one(A, lim, 80), "drain A to 20")
 	req := ratelimit.Request{ID: newID("gives-up"), Charges: []ratelimit.Charge{{Scope: A, Limit: lim, Cost: 50}, {Scope: B, Limit: rph(10)}}}
 	const deadline = 200 * time.Millisecond
-	wctx, cancel := context.WithTimeout(ctx, deadline)
-	defer cancel()
+	wctx := ctx
+	if maxWait {
+		req.MaxWait = deadline
+	} else {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, deadline)
+		defer cancel()
+	}
 	start := time.Now()
 	d, err := w.Wait(wctx, req)
 	took := time.Since(start)
