@@ -30,6 +30,7 @@ import (
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/storeurl"
+	"github.com/llmgate/llmgate/internal/tokens"
 	"github.com/llmgate/llmgate/lock"
 	lockmemory "github.com/llmgate/llmgate/lock/memory"
 	lockredis "github.com/llmgate/llmgate/lock/redis"
@@ -386,6 +387,7 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err 
 		return nil, err
 	}
 	s.gw = gw
+	go tokens.Warm() // ~0.3 s of loading the first request would otherwise wait for
 	return s, nil
 }
 

@@ -3,6 +3,10 @@ package tokens
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/llmgate/llmgate/internal/jsonscan"
 )
 
 // The chat format's overheads. OpenAI documents the first three for its
@@ -112,6 +116,9 @@ func Chat(model string, messages, tools json.RawMessage) int {
 // it could not read as junk, to be counted as raw bytes. ok is false if
 // messages is not a JSON array at all.
 func decodeMessages(messages json.RawMessage) (msgs []message, junk []json.RawMessage, ok bool) {
+	if msgs, ok := scanMessages(messages); ok {
+		return msgs, nil, true
+	}
 	if json.Unmarshal(messages, &msgs) == nil {
 		return msgs, nil, true
 	}
@@ -129,6 +136,75 @@ func decodeMessages(messages json.RawMessage) (msgs []message, junk []json.RawMe
 		msgs = append(msgs, m)
 	}
 	return msgs, junk, true
+}
+
+// scanMessages is decodeMessages without reflection for the common shape:
+// an array of message objects whose role, name and tool_call_id are strings
+// and that have no tool calls. ok is false for anything else, and for
+// member names encoding/json would match without regard to case ("Role"):
+// encoding/json decodes those. Contents are sub-slices of messages.
+func scanMessages(messages []byte) (msgs []message, ok bool) {
+	if len(messages) == 0 || messages[0] != '[' || !json.Valid(messages) {
+		return nil, false
+	}
+	ok = true
+	jsonscan.Elements(messages, func(el []byte) bool {
+		if el[0] != '{' {
+			ok = false
+			return false
+		}
+		var m message
+		jsonscan.Members(el, func(name, v []byte) {
+			switch {
+			case !ok:
+			case string(name) == "role":
+				ok = scanString(&m.Role, v)
+			case string(name) == "name":
+				ok = scanString(&m.Name, v)
+			case string(name) == "tool_call_id":
+				ok = scanString(&m.ToolCallID, v)
+			case string(name) == "content":
+				m.Content = v
+			case string(name) == "tool_calls", string(name) == "function_call":
+				ok = string(v) == "null" // null leaves them empty, as absent
+			default:
+				ok = !foldsToMessageField(name)
+			}
+		})
+		msgs = append(msgs, m)
+		return ok
+	})
+	return msgs, ok
+}
+
+// scanString sets *dst to the JSON string v as encoding/json would: null
+// leaves it as it is; ok is false for any other type (a decoding error).
+func scanString(dst *string, v []byte) bool {
+	if string(v) == "null" {
+		return true
+	}
+	s, ok := jsonscan.String(v)
+	if ok {
+		*dst = s
+	}
+	return ok
+}
+
+// foldsToMessageField reports whether encoding/json might match name,
+// which is not exactly a field's name, to a field of message anyway: it
+// matches without regard to case, with Unicode folds for non-ASCII names.
+func foldsToMessageField(name []byte) bool {
+	for _, c := range name {
+		if c >= utf8.RuneSelf {
+			return true
+		}
+	}
+	for _, f := range [...]string{"role", "content", "name", "tool_calls", "function_call", "tool_call_id"} {
+		if len(name) == len(f) && strings.EqualFold(string(name), f) {
+			return true
+		}
+	}
+	return false
 }
 
 // isReasoning reports whether m is one of OpenAI's reasoning models.
@@ -193,8 +269,8 @@ func newlinePadding(enc *encoding, content json.RawMessage) int {
 	if len(content) == 0 || content[0] != '"' {
 		return 0
 	}
-	var s string
-	if json.Unmarshal(content, &s) != nil {
+	s, ok := jsonscan.String(content)
+	if !ok {
 		return 0
 	}
 	return enc.count(s+"\n") - enc.count(s)
@@ -209,8 +285,7 @@ func contentTokens(enc *encoding, model string, raw json.RawMessage) int {
 	}
 	switch raw[0] {
 	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err == nil {
+		if s, ok := jsonscan.String(raw); ok {
 			return enc.count(s)
 		}
 	case '[':

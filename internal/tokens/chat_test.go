@@ -215,3 +215,27 @@ func TestInput(t *testing.T) {
 		})
 	}
 }
+
+// TestScanMessagesTakesCommonShapes makes sure the reflection-free decoder
+// serves the requests it is for (FuzzScanMessages checks what it returns).
+func TestScanMessagesTakesCommonShapes(t *testing.T) {
+	for _, s := range []string{
+		string(shortChat("")),
+		`[{"role":"user","content":"a\nb \u00e9","name":"n"},{"role":"tool","tool_call_id":"c","content":[{"type":"text","text":"x"}]}]`,
+		`[{"role":"assistant","content":null,"tool_calls":null,"refusal":null}]`,
+	} {
+		if _, ok := scanMessages([]byte(s)); !ok {
+			t.Errorf("scanMessages(%s) fell back to encoding/json", s)
+		}
+	}
+	for _, s := range []string{
+		`[{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]`,
+		`[{"Role":"user","content":"x"}]`,
+		`[{"role":1}]`,
+		`["text"]`,
+	} {
+		if _, ok := scanMessages([]byte(s)); ok {
+			t.Errorf("scanMessages(%s) took a shape it must leave to encoding/json", s)
+		}
+	}
+}

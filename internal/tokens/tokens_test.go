@@ -129,7 +129,7 @@ func TestConcurrentUse(t *testing.T) {
 // TestLongRuns checks the guard against pathological text: long runs are
 // counted in chunks, and the result stays close to the exact count.
 func TestLongRuns(t *testing.T) {
-	c := o200k.codec()
+	c := o200k.counter()
 	for _, tc := range []struct {
 		name string
 		s    string
@@ -144,7 +144,7 @@ func TestLongRuns(t *testing.T) {
 		{"prose", strings.Repeat("Tokens are estimated before the call. ", 2000), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			exact := countPiece(c, tc.s)
+			exact := c.count(tc.s)
 			got := o200k.countUncached(tc.s)
 			if d := float64(got-exact) / float64(exact); d > tc.tol || d < -tc.tol {
 				t.Errorf("guarded count %d, exact %d (%+.2f%%), allowed ±%.0f%%", got, exact, 100*d, 100*tc.tol)
