@@ -343,8 +343,12 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 	var sent time.Time
 	var serverUS int64
 	queued := false // whether an attempt may have left an entry in the queue
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
+	var timer *time.Timer // made at the first wait: most acquisitions never wait
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for {
 		if err := ctx.Err(); err != nil {
 			return fail(err)
@@ -374,7 +378,11 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 			// Wake right when the holder's lease runs out, in case it crashed.
 			wait = time.Duration(r.pttl+1) * time.Millisecond
 		}
-		timer.Reset(wait)
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
 		select {
 		case g := <-wake:
 			return parseGrant(g, sent, serverUS, opts.TTL)

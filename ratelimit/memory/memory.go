@@ -370,7 +370,10 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 	if l == nil {
 		return nil, false, 0
 	}
-	blocked := make(map[limitKey]bool)
+	// Made when a waiter is refused: a map kept on the stack would make
+	// the frame large enough to grow the stack of every short-lived
+	// goroutine that settles (the gateway's settles run in one each).
+	var blocked map[limitKey]bool
 	headed := false
 	scanned := 0
 	for i := 0; i < len(l.entries) && scanned < maxScan; {
@@ -398,6 +401,9 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 			continue
 		}
 		for _, c := range refused {
+			if blocked == nil {
+				blocked = make(map[limitKey]bool)
+			}
 			blocked[limitID(c)] = true
 			set := b.blocked[c.Scope]
 			if set == nil {
@@ -599,7 +605,9 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 	// keep a hold's worth of them for the garbage collector to scan.
 	res.settled, res.r, res.decision = true, nil, ratelimit.Decision{}
 	for _, ln := range lanes {
-		b.walkLocked(ln, "", now)
+		if b.lanes[ln] != nil { // checked here: walkLocked's frame is large
+			b.walkLocked(ln, "", now)
+		}
 	}
 	return 1
 }
