@@ -492,8 +492,9 @@ func (l *Limiter) tryLocal(ctx context.Context, r *Request, chosenID bool) (d De
 	return Decision{}, false, p, nil
 }
 
-// Wait queues the request until every limit admits it or ctx ends. On ctx
-// end it returns an error wrapping ErrLimited and ctx.Err(), with the last
+// Wait queues the request until every limit admits it, or ctx ends, or
+// req.MaxWait passes. Then it returns an error wrapping ErrLimited and the
+// context's error (context.DeadlineExceeded after MaxWait), with the last
 // decision (which limit held it back, and the retry-after). A transient
 // store error while waiting is retried until ctx ends; a store outage at the
 // first attempt applies the fail-open/fail-closed policy.
