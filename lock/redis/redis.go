@@ -342,7 +342,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 	// local time of serverUS.
 	var sent time.Time
 	var serverUS int64
-	queued := false // whether an attempt may have left an entry in the queue
+	queued := false       // whether an attempt may have left an entry in the queue
 	var timer *time.Timer // made at the first wait: most acquisitions never wait
 	defer func() {
 		if timer != nil {
