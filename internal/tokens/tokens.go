@@ -9,11 +9,12 @@
 //
 // The functions never fail and never panic: input they cannot read is
 // counted as the tokens of its raw bytes, which is what a caller reserving
-// rate-limit capacity wants. Encodings load once, on first use (about 0.15 s
-// and 18 MB of heap each: the dependency's codec, then the merge ranks the
-// counter reads out of it), and are shared by all goroutines. Text is cut into pieces by a
-// hand-written pre-tokenizer (split.go) instead of the codec's regular
-// expression engine, 5-6 times faster on prose.
+// rate-limit capacity wants. Encodings load once, on first use (up to
+// 0.15 s and 18 MB of heap each: the dependency's codec, then the merge
+// ranks the counter reads out of it; Warm loads both ahead), and are
+// shared by all goroutines. Text is cut into pieces by a hand-written
+// pre-tokenizer (split.go) instead of the codec's regular expression
+// engine, 5-6 times faster on prose.
 package tokens
 
 import (
