@@ -12,7 +12,6 @@ import (
 // dependency's codec (the codec only counts whole texts, through its
 // regular expression).
 type counter struct {
-	codec tokenizer.Codec
 	split func(s string, p int) int
 	ranks map[string]uint32
 }
@@ -23,8 +22,8 @@ type counter struct {
 const longPiece = 96
 
 // newCounter reads the ranks of c's vocabulary by decoding every token ID
-// (tens of milliseconds; the map costs about as much memory as the codec's
-// own). It returns nil if the codec has no tokens.
+// (about 0.1 s and 12 MB for o200k_base). It returns nil if the codec has
+// no tokens.
 func newCounter(c tokenizer.Codec, split func(string, int) int) *counter {
 	ranks := make(map[string]uint32, 1<<17)
 	misses := 0
@@ -40,10 +39,12 @@ func newCounter(c tokenizer.Codec, split func(string, int) int) *counter {
 	if len(ranks) == 0 {
 		return nil
 	}
-	return &counter{codec: c, split: split, ranks: ranks}
+	return &counter{split: split, ranks: ranks}
 }
 
-// count returns the tokens of s, as the codec's Count would.
+// count returns the tokens of s. It differs from the codec's Count only
+// where the codec's generated matcher cuts text elsewhere than OpenAI's
+// expressions do (split_test.go).
 func (k *counter) count(s string) int {
 	s = validText(s)
 	n := 0

@@ -246,25 +246,6 @@ func countText(c *counter, s string) (n int) {
 	return c.count(s)
 }
 
-// countPiece runs the dependency's codec on s: its backtracking regexp
-// engine and merge loop. Should either fail or panic on some input, s is
-// still counted, at one token per 4 bytes.
-func countPiece(c tokenizer.Codec, s string) (n int) {
-	if s == "" {
-		return 0
-	}
-	defer func() {
-		if recover() != nil {
-			n = (len(s) + 3) / 4
-		}
-	}()
-	n, err := c.Count(s)
-	if err != nil { // the regexp engine reports only timeouts, and none is set
-		return (len(s) + 3) / 4
-	}
-	return n
-}
-
 func isSpaceAt(s string, i int) bool {
 	if i >= len(s) {
 		return false
