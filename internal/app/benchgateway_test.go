@@ -42,12 +42,13 @@ func TestBenchGatewayRuns(t *testing.T) {
 	// The reference proxy (httputil.ReverseProxy, not ours) now and then
 	// cuts one stream in tens of thousands with "unexpected EOF"
 	// (BENCHMARKS.md); its run is flagged, and a smoke test of this harness
-	// tolerates that much. Every other variant must have no error at all.
+	// tolerates one such cut per cell, or 1%. Every other variant must have
+	// no error at all.
 	failed := false
 	for _, m := range res.Measurements {
 		switch {
 		case m.Errors == 0:
-		case m.Variant == gatewaybench.VariantProxy && m.Errors*100 <= m.Requests:
+		case m.Variant == gatewaybench.VariantProxy && m.Errors <= max(1, m.Requests/100) && strings.Contains(m.FirstError, "unexpected EOF"):
 			t.Logf("reference proxy %s: %d of %d requests failed (tolerated), first: %s", m.Cell, m.Errors, m.Requests, m.FirstError)
 		default:
 			failed = true
