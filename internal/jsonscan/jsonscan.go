@@ -3,6 +3,7 @@ package jsonscan
 
 import (
 	"encoding/json"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -188,4 +189,23 @@ func TrimSpace(b []byte) []byte {
 		end--
 	}
 	return b[:end]
+}
+
+// FoldsTo reports whether encoding/json might decode the member name into
+// one of the struct fields named fields although name is none of them
+// exactly: it matches names without regard to case, with Unicode folds
+// for non-ASCII names (so any non-ASCII name counts as a match). A decoder
+// that matches names exactly hands such objects to encoding/json.
+func FoldsTo(name []byte, fields ...string) bool {
+	for _, c := range name {
+		if c >= utf8.RuneSelf {
+			return true
+		}
+	}
+	for _, f := range fields {
+		if len(name) == len(f) && strings.EqualFold(string(name), f) {
+			return true
+		}
+	}
+	return false
 }

@@ -3,8 +3,6 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/llmgate/llmgate/internal/jsonscan"
 )
@@ -202,11 +200,11 @@ func scanUsage(obj []byte) (u *Usage, ok bool) {
 				case string(name) == "cached_tokens":
 					ok = scanCount(&u.PromptTokensDetails.CachedTokens, v)
 				default:
-					ok = !foldsTo(name, "cached_tokens")
+					ok = !jsonscan.FoldsTo(name, "cached_tokens")
 				}
 			})
 		default:
-			ok = !foldsTo(name, "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details")
+			ok = !jsonscan.FoldsTo(name, "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details")
 		}
 	})
 	return u, ok
@@ -229,23 +227,6 @@ func scanCount(dst *int64, v []byte) bool {
 	}
 	*dst = n
 	return true
-}
-
-// foldsTo reports whether encoding/json might match name, which is none of
-// fields exactly, to one of them anyway: it matches without regard to
-// case, with Unicode folds for non-ASCII names.
-func foldsTo(name []byte, fields ...string) bool {
-	for _, c := range name {
-		if c >= utf8.RuneSelf {
-			return true
-		}
-	}
-	for _, f := range fields {
-		if len(name) == len(f) && strings.EqualFold(string(name), f) {
-			return true
-		}
-	}
-	return false
 }
 
 // objectEnd returns the length of the JSON object v starts with, or -1 when

@@ -3,8 +3,6 @@ package tokens
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/llmgate/llmgate/internal/jsonscan"
 )
@@ -168,7 +166,7 @@ func scanMessages(messages []byte) (msgs []message, ok bool) {
 			case string(name) == "tool_calls", string(name) == "function_call":
 				ok = string(v) == "null" // null leaves them empty, as absent
 			default:
-				ok = !foldsToMessageField(name)
+				ok = !jsonscan.FoldsTo(name, messageFields[:]...)
 			}
 		})
 		msgs = append(msgs, m)
@@ -176,6 +174,9 @@ func scanMessages(messages []byte) (msgs []message, ok bool) {
 	})
 	return msgs, ok
 }
+
+// messageFields are the JSON names of message's fields.
+var messageFields = [...]string{"role", "content", "name", "tool_calls", "function_call", "tool_call_id"}
 
 // scanString sets *dst to the JSON string v as encoding/json would: null
 // leaves it as it is; ok is false for any other type (a decoding error).
@@ -188,23 +189,6 @@ func scanString(dst *string, v []byte) bool {
 		*dst = s
 	}
 	return ok
-}
-
-// foldsToMessageField reports whether encoding/json might match name,
-// which is not exactly a field's name, to a field of message anyway: it
-// matches without regard to case, with Unicode folds for non-ASCII names.
-func foldsToMessageField(name []byte) bool {
-	for _, c := range name {
-		if c >= utf8.RuneSelf {
-			return true
-		}
-	}
-	for _, f := range [...]string{"role", "content", "name", "tool_calls", "function_call", "tool_call_id"} {
-		if len(name) == len(f) && strings.EqualFold(string(name), f) {
-			return true
-		}
-	}
-	return false
 }
 
 // isReasoning reports whether m is one of OpenAI's reasoning models.
