@@ -387,7 +387,7 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err 
 		return nil, err
 	}
 	s.gw = gw
-	go tokens.Warm() // ~0.2 s of loading the first request would otherwise wait for
+	go tokens.Warm() // ~0.1 s of loading the first request would otherwise wait for
 	return s, nil
 }
 

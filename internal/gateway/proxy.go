@@ -318,6 +318,12 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 			"The provider's answer could not be read.").Write(w)
 		return
 	}
+	h["Content-Length"] = []string{itoa(int64(len(body)))}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(body)
+	// Send the answer now: net/http would only send it once the handler
+	// returns, after the accounting below, which the client need not wait for.
+	_ = http.NewResponseController(w).Flush()
 	var usage *openai.Usage
 	if resp.StatusCode/100 == 2 {
 		c.outcome = "ok"
@@ -330,9 +336,6 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	} else {
 		c.outcome = "upstream_" + statusClass(resp.StatusCode)
 	}
-	h["Content-Length"] = []string{itoa(int64(len(body)))}
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(body)
 	g.finish(c, adm, res, usage, false)
 }
 

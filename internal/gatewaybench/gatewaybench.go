@@ -44,10 +44,19 @@ const (
 	// local quota off (ratelimit.local_quota: false): one store decision
 	// per request.
 	VariantRedisStrict = "redis-strict"
+	// VariantFloor goes through net/http's server and llmgate's upstream
+	// transport (internal/h1), relaying the body and doing nothing else:
+	// what a gateway built like llmgate costs before any of its own work.
+	// Not measured unless asked for.
+	VariantFloor = "floor"
 )
 
 // AllVariants lists every variant, in the order reports show them.
-var AllVariants = []string{VariantDirect, VariantProxy, VariantMemory, VariantRedis, VariantRedisStrict}
+var AllVariants = []string{VariantDirect, VariantProxy, VariantFloor, VariantMemory, VariantRedis, VariantRedisStrict}
+
+// DefaultVariants are the variants measured when none are named: the
+// issue's.
+var DefaultVariants = []string{VariantDirect, VariantProxy, VariantMemory, VariantRedis, VariantRedisStrict}
 
 // onRedis reports whether variant v runs llmgate on Redis.
 func onRedis(v string) bool { return v == VariantRedis || v == VariantRedisStrict }
@@ -160,7 +169,7 @@ func (c Config) withDefaults() Config {
 		c.Concurrency = slices.Clone(DefaultConcurrency)
 	}
 	if len(c.Variants) == 0 {
-		c.Variants = slices.Clone(AllVariants)
+		c.Variants = slices.Clone(DefaultVariants)
 	}
 	if c.MaxRequests == 0 {
 		c.MaxRequests = DefaultMaxRequests

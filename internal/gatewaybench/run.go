@@ -1,6 +1,7 @@
 package gatewaybench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,10 +13,13 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
 
+	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/storeurl"
 )
@@ -87,6 +91,60 @@ func newReferenceProxy(upstream *url.URL) (*httputil.ReverseProxy, *http.Transpo
 	return rp, tr
 }
 
+// newFloorProxy relays each request to upstream (the provider's base URL)
+// through tr the way the gateway does: the body read whole, one upstream
+// request, the answer copied back with its type and length, a stream
+// flushed at every read. No authentication, parsing, admission or
+// accounting: the floor under llmgate's own work.
+func newFloorProxy(upstream string, tr http.RoundTripper) http.Handler {
+	base := strings.TrimSuffix(upstream, "/v1")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, base+r.URL.Path, bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		h := w.Header()
+		h["Content-Type"] = resp.Header["Content-Type"]
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			w.WriteHeader(resp.StatusCode)
+			rc := http.NewResponseController(w)
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := resp.Body.Read(buf)
+				if n > 0 {
+					if _, werr := w.Write(buf[:n]); werr != nil || rc.Flush() != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}
+		answer, err := io.ReadAll(resp.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		h["Content-Length"] = []string{strconv.Itoa(len(answer))}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(answer)
+	})
+}
+
 // setup starts the provider and every variant of cfg.
 func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 	b := &bench{endpoints: map[string]*endpoint{}}
@@ -117,6 +175,14 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 			rp, tr := newReferenceProxy(u)
 			b.closers = append(b.closers, tr.CloseIdleConnections)
 			base, err := b.serveLoopback("proxy", rp)
+			if err != nil {
+				return nil, err
+			}
+			b.endpoints[v] = &endpoint{url: base + chatPath}
+		case VariantFloor:
+			tr := h1.New(nil)
+			b.closers = append(b.closers, tr.CloseIdleConnections)
+			base, err := b.serveLoopback("proxy", newFloorProxy(simBase, tr))
 			if err != nil {
 				return nil, err
 			}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -166,6 +167,22 @@ func TestRunShort(t *testing.T) {
 		if tg.Name == "memory: throughput at c=4 vs proxy" && tg.Status == StatusNA {
 			t.Errorf("memory throughput target not evaluated: %+v", tg)
 		}
+	}
+}
+
+// TestRunFloor: the floor variant relays JSON answers and streams whole
+// (the load generator counts a wrong status, a missing choices member or a
+// stream without its [DONE] as an error), and is not measured unless asked.
+func TestRunFloor(t *testing.T) {
+	variants := []string{VariantDirect, VariantFloor}
+	cfg := Config{Duration: 200 * time.Millisecond, Reps: 1, Concurrency: []int{1, 4}, Stream: true, Variants: variants}
+	res, err := Run(testContext(t), cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSane(t, res, variants, 3)
+	if def := (Config{}).withDefaults(); slices.Contains(def.Variants, VariantFloor) {
+		t.Errorf("default variants %v include %s", def.Variants, VariantFloor)
 	}
 }
 

@@ -3,44 +3,19 @@ package tokens
 import (
 	"math"
 	"unicode/utf8"
-
-	"github.com/tiktoken-go/tokenizer"
 )
 
 // counter counts tokens with a hand-written pre-tokenizer (split.go) and a
-// byte-pair merge over the encoding's ranks, which it reads once from the
-// dependency's codec (the codec only counts whole texts, through its
-// regular expression).
+// byte-pair merge over the encoding's ranks (vocab.go).
 type counter struct {
 	split func(s string, p int) int
-	ranks map[string]uint32
+	ranks *rankTable
 }
 
 // longPiece is the piece length, in bytes, from which the merge keeps its
 // candidates in a heap (O(n log n)) instead of scanning for the lowest rank
 // (O(n^2), faster for short pieces).
 const longPiece = 96
-
-// newCounter reads the ranks of c's vocabulary by decoding every token ID
-// (about 0.1 s and 12 MB for o200k_base). It returns nil if the codec has
-// no tokens.
-func newCounter(c tokenizer.Codec, split func(string, int) int) *counter {
-	ranks := make(map[string]uint32, 1<<17)
-	misses := 0
-	for id := uint(0); misses < 1024; id++ { // IDs are dense; past the last, stop
-		s, err := c.Decode([]uint{id})
-		if err != nil || s == "" {
-			misses++
-			continue
-		}
-		misses = 0
-		ranks[s] = uint32(id)
-	}
-	if len(ranks) == 0 {
-		return nil
-	}
-	return &counter{split: split, ranks: ranks}
-}
 
 // count returns the tokens of s. It differs from the codec's Count only
 // where the codec's generated matcher cuts text elsewhere than OpenAI's
@@ -61,7 +36,7 @@ func (k *counter) pieceTokens(piece string) int {
 	if len(piece) == 1 {
 		return 1
 	}
-	if _, ok := k.ranks[piece]; ok {
+	if _, ok := k.ranks.rank(piece); ok {
 		return 1
 	}
 	if len(piece) >= longPiece {
@@ -80,7 +55,7 @@ func (k *counter) pieceTokens(piece string) int {
 		if i+2 >= len(parts) {
 			return math.MaxUint32
 		}
-		if r, ok := k.ranks[piece[parts[i]:parts[i+2]]]; ok {
+		if r, ok := k.ranks.rank(piece[parts[i]:parts[i+2]]); ok {
 			return r
 		}
 		return math.MaxUint32
@@ -126,7 +101,7 @@ func (k *counter) longPieceTokens(piece string) int {
 		if j < 0 || next[j] < 0 {
 			return math.MaxUint32
 		}
-		if r, ok := k.ranks[piece[i:next[j]]]; ok {
+		if r, ok := k.ranks.rank(piece[i:next[j]]); ok {
 			return r
 		}
 		return math.MaxUint32

@@ -175,7 +175,7 @@ func TestGeneratedMatcherDiffers(t *testing.T) {
 
 // codecOf returns the dependency's codec for e.
 func codecOf(t testing.TB, e *encoding) tokenizer.Codec {
-	c, err := tokenizer.Get(e.name)
+	c, err := tokenizer.Get(tokenizer.Encoding(e.name))
 	if err != nil {
 		t.Fatal(err)
 	}

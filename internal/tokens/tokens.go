@@ -1,20 +1,19 @@
 // Package tokens estimates OpenAI token counts offline, with the real BPE vocabularies compiled in.
 //
 // Text counts a string in a model's encoding (o200k_base or cl100k_base,
-// embedded in the binary by github.com/tiktoken-go/tokenizer: nothing is
-// downloaded at run time). Chat estimates the prompt_tokens OpenAI bills
-// for a chat completion request: its messages in the chat format, plus the
-// function definitions rendered the way OpenAI renders them into the
-// prompt. Input counts an embeddings input or a legacy completions prompt.
+// embedded in the binary: nothing is downloaded at run time). Chat
+// estimates the prompt_tokens OpenAI bills for a chat completion request:
+// its messages in the chat format, plus the function definitions rendered
+// the way OpenAI renders them into the prompt. Input counts an embeddings
+// input or a legacy completions prompt.
 //
 // The functions never fail and never panic: input they cannot read is
 // counted as the tokens of its raw bytes, which is what a caller reserving
-// rate-limit capacity wants. Encodings load once, on first use (up to
-// 0.15 s and 18 MB of heap each: the dependency's codec, then the merge
-// ranks the counter reads out of it; Warm loads both ahead), and are
-// shared by all goroutines. Text is cut into pieces by a hand-written
-// pre-tokenizer (split.go) instead of the codec's regular expression
-// engine, 5-6 times faster on prose.
+// rate-limit capacity wants. Encodings load once, on first use (Warm loads
+// both ahead), and are shared by all goroutines. Text is cut into pieces by
+// a hand-written pre-tokenizer (split.go) and merged over rank tables that
+// hold no pointers (ranks.go); github.com/tiktoken-go/tokenizer, whose
+// vocabularies ours are checked against, is the tests' reference.
 package tokens
 
 import (
@@ -24,31 +23,29 @@ import (
 	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/tiktoken-go/tokenizer"
 )
 
 // encoding is one BPE vocabulary, loaded on first use.
 type encoding struct {
-	name    tokenizer.Encoding
+	name    string // as tiktoken names it
 	counter func() *counter
 }
 
-func newEncoding(name tokenizer.Encoding, split func(string, int) int) *encoding {
+func newEncoding(name string, vocab []byte, split func(string, int) int) *encoding {
 	return &encoding{name: name, counter: sync.OnceValue(func() *counter {
-		c, err := tokenizer.Get(name)
+		data, offs, err := readVocab(vocab, name)
 		if err != nil {
-			// Cannot happen for the two names used here; count bytes
-			// rather than fail if a future version drops one.
+			// Cannot happen with the files TestVocabFiles checks; count
+			// bytes rather than fail.
 			return nil
 		}
-		return newCounter(c, split)
+		return &counter{split: split, ranks: indexRanks(data, offs)}
 	})}
 }
 
 var (
-	o200k  = newEncoding(tokenizer.O200kBase, splitO200k)
-	cl100k = newEncoding(tokenizer.Cl100kBase, splitCL100k)
+	o200k  = newEncoding("o200k_base", o200kVocab, splitO200k)
+	cl100k = newEncoding("cl100k_base", cl100kVocab, splitCL100k)
 )
 
 // encodingFor picks the encoding OpenAI uses for model: cl100k_base for the
