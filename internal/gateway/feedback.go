@@ -123,14 +123,76 @@ func (g *Gateway) observe(d *deployment, l ratelimit.Limit, remaining int64) {
 	})
 }
 
-// background runs f in its own goroutine with a context bounded by
-// timeout, tracked by Close.
+// Background work (the settle of every request) runs on a few workers that
+// keep their stacks: a goroutine per request allocates and grows a new one
+// every time. Work that finds the queue full, or the gateway closed, runs
+// on a goroutine of its own.
+const (
+	backgroundWorkers = 8
+	backgroundQueue   = 1024
+)
+
+// backgroundJob is a call of f with a context bounded by timeout.
+type backgroundJob struct {
+	timeout time.Duration
+	f       func(ctx context.Context)
+}
+
+// background runs f with a context bounded by timeout, tracked by Close,
+// never in the caller's goroutine.
 func (g *Gateway) background(timeout time.Duration, f func(ctx context.Context)) {
 	g.pending.Add(1)
-	go func() {
-		defer g.pending.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		f(ctx)
-	}()
+	j := backgroundJob{timeout, f}
+	g.bgMu.Lock()
+	defer g.bgMu.Unlock()
+	if !g.bgStopped {
+		if g.jobs == nil {
+			g.jobs = make(chan backgroundJob, backgroundQueue)
+			g.stopJobs = make(chan struct{})
+			for range backgroundWorkers {
+				go g.backgroundWorker(g.jobs, g.stopJobs)
+			}
+		}
+		select {
+		case g.jobs <- j:
+			return
+		default:
+		}
+	}
+	go g.runJob(j)
+}
+
+// stopBackground ends the workers once they have run what is queued.
+func (g *Gateway) stopBackground() {
+	g.bgMu.Lock()
+	defer g.bgMu.Unlock()
+	if !g.bgStopped && g.stopJobs != nil {
+		close(g.stopJobs)
+	}
+	g.bgStopped = true
+}
+
+func (g *Gateway) backgroundWorker(jobs <-chan backgroundJob, stop <-chan struct{}) {
+	for {
+		select {
+		case j := <-jobs:
+			g.runJob(j)
+		case <-stop:
+			for { // nothing is queued after stop: drain and end
+				select {
+				case j := <-jobs:
+					g.runJob(j)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (g *Gateway) runJob(j backgroundJob) {
+	defer g.pending.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), j.timeout)
+	defer cancel()
+	j.f(ctx)
 }

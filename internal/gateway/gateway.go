@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -205,6 +206,12 @@ type Gateway struct {
 	byName   map[string]*deployment
 	// pending counts background settles; Close waits for them.
 	pending pendingWork
+	// bgMu protects the background workers' queue (made on first use)
+	// and stop channel; Close stops them.
+	bgMu      sync.Mutex
+	jobs      chan backgroundJob
+	stopJobs  chan struct{}
+	bgStopped bool
 	// usage batches the usage records of tenants without a budget cap.
 	usage usageBatch
 }

@@ -151,7 +151,9 @@ func (g *Gateway) Close(ctx context.Context) error {
 	if err := g.pending.wait(ctx); err != nil {
 		return err
 	}
-	// Settles are done: the limiter's local blocks can all go back.
+	// Settles are done: the limiter's local blocks can all go back. Work
+	// started after this runs on goroutines of its own.
+	g.stopBackground()
 	return g.opt.Limiter.Close(ctx)
 }
 

@@ -13,7 +13,7 @@ import (
 // read, when a request needs one (the user field as a session id).
 func Member(body []byte, name string) json.RawMessage {
 	obj := jsonscan.TrimSpace(body)
-	if len(obj) == 0 || obj[0] != '{' || !json.Valid(obj) {
+	if len(obj) == 0 || obj[0] != '{' || !jsonscan.Valid(obj) {
 		return nil
 	}
 	var v json.RawMessage

@@ -270,7 +270,7 @@ func ParseRequest(ep Endpoint, body []byte) (*Request, *Error) {
 	if trimmed[0] != '{' {
 		return nil, BadRequest("", "The request body must be a JSON object.")
 	}
-	if !json.Valid(trimmed) {
+	if !jsonscan.Valid(trimmed) {
 		var m map[string]json.RawMessage // for the error it gives
 		return nil, decodeError(json.Unmarshal(trimmed, &m))
 	}
@@ -371,7 +371,7 @@ func decodeError(err error) *Error {
 // body is not one complete JSON object or a value in set is not JSON.
 func Rewrite(body []byte, set map[string]json.RawMessage) ([]byte, error) {
 	for key, v := range set {
-		if !json.Valid(v) {
+		if !jsonscan.Valid(v) {
 			return nil, fmt.Errorf("%w: the value for %q is not JSON", ErrRewrite, key)
 		}
 	}
@@ -379,7 +379,7 @@ func Rewrite(body []byte, set map[string]json.RawMessage) ([]byte, error) {
 	if len(obj) == 0 || obj[0] != '{' {
 		return nil, fmt.Errorf("%w: body is not a JSON object", ErrRewrite)
 	}
-	if !json.Valid(obj) {
+	if !jsonscan.Valid(obj) {
 		return nil, fmt.Errorf("%w: body is not one complete JSON object", ErrRewrite)
 	}
 	out := make([]byte, 0, len(obj)+64)
@@ -425,7 +425,7 @@ func appendMember(out, key []byte, val json.RawMessage, first bool) []byte {
 // own options (raw, may be nil) with include_usage set to true.
 func StreamOptionsWithUsage(body []byte) (json.RawMessage, error) {
 	body = jsonscan.TrimSpace(body)
-	if len(body) == 0 || body[0] != '{' || !json.Valid(body) {
+	if len(body) == 0 || body[0] != '{' || !jsonscan.Valid(body) {
 		return nil, errors.New("openai: stream options: the body is not a JSON object")
 	}
 	var so []byte // names match exactly, the last of duplicates wins: as upstream

@@ -36,7 +36,7 @@ func (u *Usage) valid() bool {
 // ParseUsage returns the "usage" of a JSON answer (chat, completions or
 // embeddings), or nil when it has none or it cannot be read.
 func ParseUsage(body []byte) *Usage {
-	if !json.Valid(body) {
+	if !jsonscan.Valid(body) {
 		return nil
 	}
 	if u := lastUsage(body); u != nil {

@@ -140,6 +140,30 @@ type targetState struct {
 	br   breaker
 	lat  [2]latency // [0] non-streaming, [1] streaming
 	auth atomic.Pointer[authHeader]
+	// urls holds the parsed URL of each upstream URL called (base URL
+	// plus path), so that a call does not parse it again; at most
+	// maxCachedURLs.
+	urls  sync.Map // string -> *url.URL, never modified
+	nurls atomic.Int32
+}
+
+// maxCachedURLs bounds targetState.urls: a target is called on a handful
+// of paths (one per endpoint).
+const maxCachedURLs = 32
+
+// parseURL returns the parsed form of raw, a URL of st's target.
+func (st *targetState) parseURL(raw string) (*url.URL, error) {
+	if u, ok := st.urls.Load(raw); ok {
+		return u.(*url.URL), nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	if st.nurls.Add(1) <= maxCachedURLs {
+		st.urls.Store(raw, u)
+	}
+	return u, nil
 }
 
 // authHeader caches the Authorization value of a key, so that a call does
@@ -285,7 +309,7 @@ func (c *Client) Do(ctx context.Context, t *Target, req Request) (*http.Response
 		return nil, res, c.ctxError(t, err, "before sending")
 	}
 	st := c.state(t.Name)
-	base, err := c.newRequest(ctx, t, st, &req)
+	base, err := c.newRequest(t, st, &req)
 	if err != nil {
 		return nil, res, err
 	}
@@ -435,7 +459,7 @@ func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, req
 }
 
 // newRequest builds the request every attempt is a copy of.
-func (c *Client) newRequest(ctx context.Context, t *Target, st *targetState, req *Request) (*http.Request, error) {
+func (c *Client) newRequest(t *Target, st *targetState, req *Request) (*http.Request, error) {
 	method := req.Method
 	if method == "" {
 		method = http.MethodPost
@@ -446,7 +470,10 @@ func (c *Client) newRequest(ctx context.Context, t *Target, st *targetState, req
 		// and the key would go there.
 		path = "/" + path
 	}
-	r, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(t.BaseURL, "/")+path, nil)
+	if !validMethod(method) {
+		return nil, fmt.Errorf("%w: %q: invalid method %q", ErrInvalidRequest, t.Name, method)
+	}
+	cached, err := st.parseURL(strings.TrimSuffix(t.BaseURL, "/") + path)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
@@ -454,10 +481,16 @@ func (c *Client) newRequest(ctx context.Context, t *Target, st *targetState, req
 		}
 		return nil, fmt.Errorf("%w: %q: %s %s: %w", ErrInvalidRequest, t.Name, method, redactURL(t.BaseURL), redact(err, t))
 	}
-	if (r.URL.Scheme != "http" && r.URL.Scheme != "https") || r.URL.Host == "" {
+	if (cached.Scheme != "http" && cached.Scheme != "https") || cached.Host == "" {
 		return nil, fmt.Errorf("%w: %q: base URL %q is not an http(s) URL with a host", ErrInvalidRequest, t.Name, redactURL(t.BaseURL))
 	}
-	r.Header = header(t, st, req.Header, len(req.Body) > 0)
+	u := *cached // the transport gets its own copy: nothing may change the cached one
+	// No context here: each attempt makes its copy with its own.
+	r := &http.Request{
+		Method: method, URL: &u, Host: strings.TrimSuffix(u.Host, ":"), // as http.NewRequest sets it
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: header(t, st, req.Header, len(req.Body) > 0),
+	}
 	if n := len(req.Body); n > 0 {
 		b := req.Body
 		r.ContentLength = int64(n)
@@ -469,6 +502,14 @@ func (c *Client) newRequest(ctx context.Context, t *Target, st *targetState, req
 }
 
 var jsonContentType = []string{"application/json"}
+
+// validMethod reports whether m is an HTTP method token, as
+// http.NewRequest requires.
+func validMethod(m string) bool {
+	return m != "" && strings.IndexFunc(m, func(r rune) bool {
+		return r <= ' ' || r >= 0x7f || strings.ContainsRune("()<>@,;:\\\"/[]?={}", r)
+	}) < 0
+}
 
 // header merges the caller's headers, the target's and the key. The
 // slices are shared, not copied: nothing on the way modifies them.

@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -437,5 +438,34 @@ func TestCloseEndsAttemptContext(t *testing.T) {
 	case <-actx.Done():
 	default:
 		t.Fatal("closing the body left the attempt's context alive")
+	}
+}
+
+// TestParseURLCache: a target's URLs are parsed once and shared read-only,
+// up to maxCachedURLs; past that they are still parsed right.
+func TestParseURLCache(t *testing.T) {
+	st := &targetState{}
+	a, err := st.parseURL("http://127.0.0.1:1/v1/chat/completions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := st.parseURL("http://127.0.0.1:1/v1/chat/completions")
+	if a != b {
+		t.Error("the same URL was parsed twice")
+	}
+	for i := range 2 * maxCachedURLs {
+		raw := fmt.Sprintf("http://127.0.0.1:1/v1/p%d", i)
+		u, err := st.parseURL(raw)
+		if err != nil || u.String() != raw {
+			t.Fatalf("parseURL(%q) = %v, %v", raw, u, err)
+		}
+	}
+	n := 0
+	st.urls.Range(func(any, any) bool { n++; return true })
+	if n > maxCachedURLs {
+		t.Errorf("%d URLs cached, at most %d wanted", n, maxCachedURLs)
+	}
+	if _, err := st.parseURL("http://[::1"); err == nil {
+		t.Error("a bad URL parsed")
 	}
 }

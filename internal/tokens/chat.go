@@ -142,10 +142,12 @@ func decodeMessages(messages json.RawMessage) (msgs []message, junk []json.RawMe
 // member names encoding/json would match without regard to case ("Role"):
 // encoding/json decodes those. Contents are sub-slices of messages.
 func scanMessages(messages []byte) (msgs []message, ok bool) {
-	if len(messages) == 0 || messages[0] != '[' || !json.Valid(messages) {
+	if len(messages) == 0 || messages[0] != '[' || !jsonscan.Valid(messages) {
 		return nil, false
 	}
 	ok = true
+	// One allocation for the usual message list: "role" once per message.
+	msgs = make([]message, 0, bytes.Count(messages, []byte(`"role"`)))
 	jsonscan.Elements(messages, func(el []byte) bool {
 		if el[0] != '{' {
 			ok = false
@@ -178,11 +180,20 @@ func scanMessages(messages []byte) (msgs []message, ok bool) {
 // messageFields are the JSON names of message's fields.
 var messageFields = [...]string{"role", "content", "name", "tool_calls", "function_call", "tool_call_id"}
 
+// commonRoles are the roles OpenAI defines.
+var commonRoles = [...]string{"system", "user", "assistant", "tool", "developer", "function"}
+
 // scanString sets *dst to the JSON string v as encoding/json would: null
 // leaves it as it is; ok is false for any other type (a decoding error).
 func scanString(dst *string, v []byte) bool {
 	if string(v) == "null" {
 		return true
+	}
+	for _, r := range commonRoles {
+		if len(v) == len(r)+2 && v[0] == '"' && string(v[1:len(v)-1]) == r {
+			*dst = r // the constant, not a copy per message
+			return true
+		}
 	}
 	s, ok := jsonscan.String(v)
 	if ok {

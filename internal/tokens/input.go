@@ -3,6 +3,8 @@ package tokens
 import (
 	"bytes"
 	"encoding/json"
+
+	"github.com/llmgate/llmgate/internal/jsonscan"
 )
 
 // Input estimates the tokens of an embeddings "input" or a completions "prompt" value:
@@ -84,5 +86,5 @@ func countNumbers(raw json.RawMessage) (int, bool) {
 	if empty {
 		return 0, n == 0
 	}
-	return n + 1, json.Valid(raw)
+	return n + 1, jsonscan.Valid(raw)
 }
