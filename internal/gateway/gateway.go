@@ -206,6 +206,8 @@ type Gateway struct {
 	byName   map[string]*deployment
 	// pending counts background settles; Close waits for them.
 	pending pendingWork
+	// keeper renews the rate-limit reservations of long requests.
+	keeper keeper
 	// bgMu protects the background workers' queue (made on first use)
 	// and stop channel; Close stops them.
 	bgMu      sync.Mutex

@@ -71,10 +71,11 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 		}
 		stopKeep := g.keepReservation(adm)
 		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, provider.Request{
-			Path:   c.req.Endpoint.Path(),
-			Body:   body,
-			Header: upstreamHeader(r, c),
-			Stream: c.req.Stream,
+			Path:      c.req.Endpoint.Path(),
+			Body:      body,
+			Header:    upstreamHeader(r, c),
+			OwnHeader: true,
+			Stream:    c.req.Stream,
 			// A provider 429 is retried here, through the shared limiter
 			// (which its cooldown now holds back), not by the client.
 			NoRetry429: true,
@@ -126,41 +127,93 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 	lastErr.Write(w)
 }
 
-// keepReservation extends adm's rate-limit reservation every half hold
-// while its request runs (a long generation or stream), so that its
-// concurrency permit is not freed under it; a crashed replica's permits
-// still free themselves within one hold. The returned func stops it.
+// keepReservation keeps adm's rate-limit reservation alive while its
+// request runs (a long generation or stream), so that its concurrency
+// permit is not freed under it; a crashed replica's permits still free
+// themselves within one hold. The returned func stops it. One goroutine
+// does this for every request (see keeper): most end long before their
+// first renewal, and a timer each would cost them all.
 func (g *Gateway) keepReservation(adm admitted) func() {
 	if adm.decision.ID == "" {
 		return func() {}
 	}
-	every := g.opt.ReservationHold / 2
-	var (
-		mu      sync.Mutex // protects t, stopped
-		t       *time.Timer
-		stopped bool
-	)
-	extend := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), feedbackTimeout)
-		err := g.opt.Limiter.Extend(ctx, adm.decision.ID, g.opt.ReservationHold)
-		cancel()
-		if err != nil {
-			g.log.Warn("could not extend a long request's rate-limit reservation", "deployment", adm.dep.Name, "err", err)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped {
-			t.Reset(every)
-		}
+	return g.keeper.add(g, adm)
+}
+
+// keeper renews the reservations of requests running longer than half a
+// hold, checking every quarter hold: a reservation is renewed between half
+// and three quarters of a hold after its last renewal, never later.
+type keeper struct {
+	mu      sync.Mutex // protects everything below
+	live    map[uint64]*keptReservation
+	next    uint64
+	stop    chan struct{} // closed by Close; nil until the goroutine starts
+	stopped bool
+}
+
+type keptReservation struct {
+	adm     admitted
+	renewed time.Time // admission, then the last renewal
+}
+
+func (k *keeper) add(g *Gateway, adm admitted) func() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.live == nil {
+		k.live = make(map[uint64]*keptReservation)
 	}
-	mu.Lock()
-	t = time.AfterFunc(every, extend)
-	mu.Unlock()
+	if k.stop == nil && !k.stopped {
+		k.stop = make(chan struct{})
+		go k.run(g, k.stop)
+	}
+	k.next++
+	id := k.next
+	k.live[id] = &keptReservation{adm: adm, renewed: time.Now()}
 	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		t.Stop()
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		delete(k.live, id)
+	}
+}
+
+// close stops the renewals.
+func (k *keeper) close() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.stop != nil && !k.stopped {
+		close(k.stop)
+	}
+	k.stopped = true
+}
+
+func (k *keeper) run(g *Gateway, stop <-chan struct{}) {
+	hold := g.opt.ReservationHold
+	tick := time.NewTicker(hold / 4)
+	defer tick.Stop()
+	var due []*keptReservation
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-tick.C:
+			due = due[:0]
+			k.mu.Lock()
+			for _, r := range k.live {
+				if now.Sub(r.renewed) >= hold/2 {
+					r.renewed = now
+					due = append(due, r)
+				}
+			}
+			k.mu.Unlock()
+			for _, r := range due {
+				ctx, cancel := context.WithTimeout(context.Background(), feedbackTimeout)
+				err := g.opt.Limiter.Extend(ctx, r.adm.decision.ID, hold)
+				cancel()
+				if err != nil {
+					g.log.Warn("could not extend a long request's rate-limit reservation", "deployment", r.adm.dep.Name, "err", err)
+				}
+			}
+		}
 	}
 }
 
@@ -230,7 +283,7 @@ func (g *Gateway) upstreamBody(c *call, model string) ([]byte, error) {
 var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta"}
 
 func upstreamHeader(r *http.Request, c *call) http.Header {
-	h := make(http.Header, len(forwardHeaders)+1)
+	h := make(http.Header, len(forwardHeaders)+4) // room for the provider's key and the target's headers
 	for _, k := range forwardHeaders {
 		if v, ok := r.Header[k]; ok {
 			h[k] = v

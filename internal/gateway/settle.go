@@ -154,6 +154,7 @@ func (g *Gateway) Close(ctx context.Context) error {
 	// Settles are done: the limiter's local blocks can all go back. Work
 	// started after this runs on goroutines of its own.
 	g.stopBackground()
+	g.keeper.close()
 	return g.opt.Limiter.Close(ctx)
 }
 

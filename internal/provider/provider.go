@@ -101,6 +101,9 @@ type Request struct {
 	// may be nil. Authorization is never forwarded: the target's key
 	// replaces it.
 	Header http.Header
+	// OwnHeader gives Header to Do, which then adds the target's headers
+	// and key to it instead of to a copy: the caller must not use it again.
+	OwnHeader bool
 	// Stream marks a streaming call. Its time to headers (the time to the
 	// first token, roughly) is tracked apart from non-streaming calls (the
 	// whole generation), so that neither skews the other's timeout.
@@ -489,7 +492,7 @@ func (c *Client) newRequest(t *Target, st *targetState, req *Request) (*http.Req
 	r := &http.Request{
 		Method: method, URL: &u, Host: strings.TrimSuffix(u.Host, ":"), // as http.NewRequest sets it
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: header(t, st, req.Header, len(req.Body) > 0),
+		Header: header(t, st, req.Header, req.OwnHeader, len(req.Body) > 0),
 	}
 	if n := len(req.Body); n > 0 {
 		b := req.Body
@@ -513,11 +516,22 @@ func validMethod(m string) bool {
 
 // header merges the caller's headers, the target's and the key. The
 // slices are shared, not copied: nothing on the way modifies them.
-func header(t *Target, st *targetState, in http.Header, hasBody bool) http.Header {
-	h := make(http.Header, len(in)+len(t.Header)+2)
-	for k, v := range in {
-		if !strings.EqualFold(k, "Authorization") { // the tenant's key must never reach the provider
-			h[k] = v
+// With own, in itself is completed and returned.
+func header(t *Target, st *targetState, in http.Header, own, hasBody bool) http.Header {
+	var h http.Header
+	if own && in != nil {
+		h = in
+		for k := range h {
+			if strings.EqualFold(k, "Authorization") { // the tenant's key must never reach the provider
+				delete(h, k)
+			}
+		}
+	} else {
+		h = make(http.Header, len(in)+len(t.Header)+2)
+		for k, v := range in {
+			if !strings.EqualFold(k, "Authorization") {
+				h[k] = v
+			}
 		}
 	}
 	for k, v := range t.Header {

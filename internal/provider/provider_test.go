@@ -469,3 +469,22 @@ func TestParseURLCache(t *testing.T) {
 		t.Error("a bad URL parsed")
 	}
 }
+
+// TestHeaderOwned: with OwnHeader the caller's map is completed in place,
+// and the caller's Authorization is still dropped for the target's key.
+func TestHeaderOwned(t *testing.T) {
+	tg := &Target{Name: "t", APIKey: "sk-target", Header: http.Header{"X-Target": {"1"}}}
+	for _, own := range []bool{false, true} {
+		in := http.Header{"authorization": {"Bearer sk-tenant"}, "X-Request-Id": {"r1"}}
+		h := header(tg, &targetState{}, in, own, true)
+		if got := h.Get("Authorization"); got != "Bearer sk-target" || len(h.Values("Authorization")) != 1 || h["authorization"] != nil {
+			t.Errorf("own=%v: Authorization %q (%v)", own, got, h)
+		}
+		if h.Get("X-Request-Id") != "r1" || h.Get("X-Target") != "1" || h.Get("Content-Type") != "application/json" {
+			t.Errorf("own=%v: headers %v", own, h)
+		}
+		if same := len(in) == len(h) && in.Get("X-Target") == "1"; same != own {
+			t.Errorf("own=%v: the caller's map was completed in place: %v", own, same)
+		}
+	}
+}
