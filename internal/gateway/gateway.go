@@ -332,7 +332,9 @@ func (g *Gateway) authenticate(r *http.Request) (*Tenant, *apiError) {
 			"You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY'.")
 	}
 	sum := sha256.Sum256([]byte(key))
-	t := g.opt.Tenants[hex.EncodeToString(sum[:])]
+	var hx [2 * sha256.Size]byte
+	hex.Encode(hx[:], sum[:])
+	t := g.opt.Tenants[string(hx[:])] // indexed in place: no string is made
 	if t == nil {
 		return nil, errf(http.StatusUnauthorized, "authentication_error", "invalid_api_key", "",
 			"Incorrect API key provided. Ask your llmgate operator for a valid key.")

@@ -116,16 +116,20 @@ func TestLatencyWindow(t *testing.T) {
 		t.Fatalf("timeout %v, want 4s", got)
 	}
 	dropped := -1
-	for i := range latencyWindow {
+	for i := range latencyWindow + recomputeEvery {
 		l.observe(time.Millisecond, p)
 		if dropped < 0 && l.current() != 4*time.Second {
 			dropped = i
 		}
 	}
 	// The p95 of 256 samples is the 244th smallest: it turns fast once 244
-	// fast samples are in (12 slow ones left), a recomputation point.
-	if dropped != 243 {
-		t.Fatalf("the timeout changed after %d fast samples, want 244", dropped+1)
+	// fast samples are in (12 slow ones left), at the next recomputation.
+	want := 244
+	for (300+want)%recomputeEvery != 0 {
+		want++
+	}
+	if dropped+1 != want {
+		t.Fatalf("the timeout changed after %d fast samples, want %d", dropped+1, want)
 	}
 	if got := l.current(); got != p.floor {
 		t.Fatalf("timeout %v after a window of 1ms samples, want the floor %v", got, p.floor)
