@@ -4,6 +4,7 @@ package memory
 import (
 	"container/heap"
 	"context"
+	"hash/maphash"
 	"math"
 	"slices"
 	"sort"
@@ -31,11 +32,18 @@ type Backend struct {
 	permits      map[string]map[string]time.Time // scope -> reservation id -> expiry
 	cooldowns    map[string]time.Time            // scope -> end
 	lanes        map[string]*lane
-	reservations map[string]*reservation
-	expiries     expiryHeap                 // reservations by expiry, to drop them without scanning
-	blocked      map[string]map[string]bool // scope -> lanes with waiters stuck on it
-	seq          uint64
-	ops          int
+	reservations map[string]*reservation // not settled yet
+	expiries     expiryHeap              // reservations by expiry, to drop them without scanning
+	// settled marks the IDs settled while their hold runs (a second
+	// Settle is a no-op until then), by a 128-bit hash of the ID, with no
+	// pointer for the GC to follow: at thousands of requests a second, a
+	// hold's worth of them is a large part of the heap.
+	settled     map[settledKey]int64 // expiry, Unix ns
+	settledExps settledHeap
+	blocked     map[string]map[string]bool // scope -> lanes with waiters stuck on it
+	seq         uint64
+	ops         int
+	seeds       [2]maphash.Seed // of settledKey
 }
 
 var _ ratelimit.Backend = (*Backend)(nil)
@@ -66,7 +74,8 @@ type entry struct {
 
 type reservation struct {
 	r        *ratelimit.Request
-	settled  bool
+	settled  bool // only on settledMark
+	index    int  // in Backend.expiries
 	expires  time.Time
 	decision ratelimit.Decision
 }
@@ -83,6 +92,8 @@ func New(clk clock.Clock) *Backend {
 		cooldowns:    make(map[string]time.Time),
 		lanes:        make(map[string]*lane),
 		reservations: make(map[string]*reservation),
+		settled:      make(map[settledKey]int64),
+		seeds:        [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 		blocked:      make(map[string]map[string]bool),
 	}
 }
@@ -280,12 +291,50 @@ type expiryHeap []expiry
 
 func (h expiryHeap) Len() int           { return len(h) }
 func (h expiryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiry)) }
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].res.index, h[j].res.index = i, j
+}
+func (h *expiryHeap) Push(x any) {
+	e := x.(expiry)
+	e.res.index = len(*h)
+	*h = append(*h, e)
+}
 func (h *expiryHeap) Pop() any {
 	old := *h
 	x := old[len(old)-1]
 	old[len(old)-1] = expiry{}
+	*h = old[:len(old)-1]
+	x.res.index = -1
+	return x
+}
+
+// settledKey is a settled reservation's ID, hashed.
+type settledKey [2]uint64
+
+func (b *Backend) settledKeyOf(id string) settledKey {
+	return settledKey{maphash.String(b.seeds[0], id), maphash.String(b.seeds[1], id)}
+}
+
+// settledMark is what reservationLocked returns for a settled ID. Nothing
+// may change it.
+var settledMark = &reservation{settled: true, index: -1}
+
+type settledExpiry struct {
+	at  int64 // Unix ns
+	key settledKey
+}
+
+// settledHeap orders the settled marks by expiry; it holds no pointers.
+type settledHeap []settledExpiry
+
+func (h settledHeap) Len() int           { return len(h) }
+func (h settledHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h settledHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *settledHeap) Push(x any)        { *h = append(*h, x.(settledExpiry)) }
+func (h *settledHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
 }
@@ -303,14 +352,26 @@ func (b *Backend) expireLocked(now time.Time) {
 			delete(b.reservations, e.id)
 		}
 	}
+	for ns := now.UnixNano(); len(b.settledExps) > 0 && b.settledExps[0].at <= ns; {
+		e := heap.Pop(&b.settledExps).(settledExpiry)
+		if b.settled[e.key] == e.at { // not settled again since, with a later hold
+			delete(b.settled, e.key)
+		}
+	}
 }
 
-// reservationLocked returns id's reservation unless it expired.
+// reservationLocked returns id's reservation unless it expired:
+// settledMark if it was settled.
 func (b *Backend) reservationLocked(id string, now time.Time) *reservation {
 	res := b.reservations[id]
 	if res != nil && !now.Before(res.expires) {
 		delete(b.reservations, id)
 		return nil
+	}
+	if res == nil && len(b.settled) > 0 {
+		if exp, ok := b.settled[b.settledKeyOf(id)]; ok && now.UnixNano() < exp {
+			return settledMark
+		}
 	}
 	return res
 }
@@ -600,10 +661,15 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 			delete(b.blocked, c.Scope)
 		}
 	}
-	// Only the settled mark is read from now on (until the hold expires):
-	// let the request and its decision go, so that a busy limiter does not
-	// keep a hold's worth of them for the garbage collector to scan.
-	res.settled, res.r, res.decision = true, nil, ratelimit.Decision{}
+	// Only the settled mark is read from now on (until the hold expires),
+	// kept where the garbage collector does not look.
+	delete(b.reservations, id)
+	if res.index >= 0 {
+		heap.Remove(&b.expiries, res.index)
+	}
+	key, exp := b.settledKeyOf(id), res.expires.UnixNano()
+	b.settled[key] = exp
+	heap.Push(&b.settledExps, settledExpiry{at: exp, key: key})
 	for _, ln := range lanes {
 		if b.lanes[ln] != nil { // checked here: walkLocked's frame is large
 			b.walkLocked(ln, "", now)
