@@ -132,17 +132,20 @@ const (
 	backgroundQueue   = 1024
 )
 
-// backgroundJob is a call of f with a context bounded by timeout.
+// backgroundJob is a call of f with a context that ends at deadline: the
+// job's timeout counts from when it was handed over, so that work queued
+// behind a stalled store (an outage) fails when it would have on a
+// goroutine of its own, not later.
 type backgroundJob struct {
-	timeout time.Duration
-	f       func(ctx context.Context)
+	deadline time.Time
+	f        func(ctx context.Context)
 }
 
 // background runs f with a context bounded by timeout, tracked by Close,
 // never in the caller's goroutine.
 func (g *Gateway) background(timeout time.Duration, f func(ctx context.Context)) {
 	g.pending.Add(1)
-	j := backgroundJob{timeout, f}
+	j := backgroundJob{time.Now().Add(timeout), f}
 	g.bgMu.Lock()
 	defer g.bgMu.Unlock()
 	if !g.bgStopped {
@@ -192,7 +195,7 @@ func (g *Gateway) backgroundWorker(jobs <-chan backgroundJob, stop <-chan struct
 
 func (g *Gateway) runJob(j backgroundJob) {
 	defer g.pending.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), j.timeout)
+	ctx, cancel := context.WithDeadline(context.Background(), j.deadline)
 	defer cancel()
 	j.f(ctx)
 }
