@@ -188,7 +188,7 @@ func (k *keeper) close() {
 
 func (k *keeper) run(g *Gateway, stop <-chan struct{}) {
 	hold := g.opt.ReservationHold
-	tick := time.NewTicker(hold / 4)
+	tick := time.NewTicker(max(hold/4, time.Millisecond)) // a positive period, whatever the hold
 	defer tick.Stop()
 	var due []*keptReservation
 	for {
