@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmgate/llmgate/budget"
-	budgetmemory "github.com/llmgate/llmgate/budget/memory"
 	"github.com/llmgate/llmgate/clock"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/ratelimit"
@@ -21,14 +19,7 @@ func newBareGateway(t *testing.T) *Gateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bb, err := budgetmemory.Open(budgetmemory.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bm, err := budget.New(bb, budget.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bm := memoryBudgets(t)
 	g, err := New(Options{
 		Route:    func(string) ([]string, bool) { return nil, false },
 		Limiter:  ratelimit.New(rlmemory.New(clock.Real{})),

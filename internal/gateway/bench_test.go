@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmgate/llmgate/budget"
-	budgetmemory "github.com/llmgate/llmgate/budget/memory"
 	"github.com/llmgate/llmgate/clock"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/ratelimit"
@@ -62,14 +60,7 @@ func BenchmarkServeChat(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	bb, err := budgetmemory.Open(budgetmemory.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	bm, err := budget.New(bb, budget.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	bm := memoryBudgets(b)
 	huge := Limits{RPM: 1 << 40, TPM: 1 << 40}
 	gw, err := New(Options{
 		Route:    func(string) ([]string, bool) { return []string{"sim/gpt-4.1-mini"}, true },

@@ -110,6 +110,20 @@ func (w *headerHider) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 var simModels = []string{"gpt-4.1", "gpt-4.1-mini", "text-embedding-3-small"}
 
+// memoryBudgets returns a budget manager on a fresh memory backend.
+func memoryBudgets(tb testing.TB) *budget.Manager {
+	tb.Helper()
+	bb, err := budgetmemory.Open(budgetmemory.Config{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	bm, err := budget.New(bb, budget.Config{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return bm
+}
+
 func newHarness(t *testing.T, hc harnessConfig) *harness {
 	t.Helper()
 	h := &harness{t: t, logs: testutil.NewBuffer()}
@@ -146,14 +160,7 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 		t.Fatal(err)
 	}
 	h.up = up
-	bb, err := budgetmemory.Open(budgetmemory.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bm, err := budget.New(bb, budget.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bm := memoryBudgets(t)
 	h.budgets = bm
 	h.teamA = &Tenant{Name: "team-a"}
 	h.batch = &Tenant{Name: "batch-jobs", Priority: ratelimit.Batch}

@@ -18,18 +18,6 @@ type rankTable struct {
 	seed  maphash.Seed
 }
 
-// newRankTable builds the table from tokens, indexed by ID ("" for an ID
-// with no token).
-func newRankTable(tokens []string) *rankTable {
-	var data []byte
-	offs := []uint32{0}
-	for _, s := range tokens {
-		data = append(data, s...)
-		offs = append(offs, uint32(len(data)))
-	}
-	return indexRanks(data, offs)
-}
-
 // indexRanks returns the table of the tokens data[offs[id]:offs[id+1]]. A
 // token repeated keeps its lowest ID.
 func indexRanks(data []byte, offs []uint32) *rankTable {
@@ -79,14 +67,3 @@ func (t *rankTable) rank(s string) (uint32, bool) {
 }
 
 func (t *rankTable) token(id uint32) []byte { return t.data[t.offs[id]:t.offs[id+1]] }
-
-// len returns the number of tokens.
-func (t *rankTable) len() int {
-	n := 0
-	for _, v := range t.slots {
-		if v != 0 {
-			n++
-		}
-	}
-	return n
-}

@@ -9,6 +9,29 @@ import (
 	"testing"
 )
 
+// newRankTable builds a table from tokens, indexed by ID ("" for an ID
+// with no token).
+func newRankTable(tokens []string) *rankTable {
+	var data []byte
+	offs := []uint32{0}
+	for _, s := range tokens {
+		data = append(data, s...)
+		offs = append(offs, uint32(len(data)))
+	}
+	return indexRanks(data, offs)
+}
+
+// len returns the number of tokens (for the tests).
+func (t *rankTable) len() int {
+	n := 0
+	for _, v := range t.slots {
+		if v != 0 {
+			n++
+		}
+	}
+	return n
+}
+
 func TestRankTableSmall(t *testing.T) {
 	tab := newRankTable([]string{"a", "", "bc", "a", "abc"})
 	for s, want := range map[string]uint32{"a": 0, "bc": 2, "abc": 4} {
