@@ -222,7 +222,10 @@ type Backend interface {
 	// Enqueue puts r in its lane (or renews its place, which lives for
 	// lease), then admits whoever fits from the head of the lane. It reports
 	// r's decision if r was admitted, and otherwise how long r should wait
-	// before asking again (hint; 0 = no estimate).
+	// before asking again (hint; 0 = no estimate). Admit and Enqueue
+	// report what the store did even when ctx ends during the call (they
+	// give up on the reply only when the store does not answer): the
+	// Abandon or Settle that follows must reach the store after it.
 	Enqueue(ctx context.Context, r *Request, lease time.Duration) (d Decision, admitted bool, hint time.Duration, err error)
 	// Await blocks up to timeout for another caller's walk to admit r. A
 	// walk may instead tell r, now first in line, when it will fit: Await

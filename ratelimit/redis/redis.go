@@ -208,13 +208,51 @@ func unavailable(op string, err error) error {
 	return fmt.Errorf("%w: redis %s: %w", ratelimit.ErrStoreUnavailable, op, err)
 }
 
+// replyGrace is how long an admission waits for the store's reply after its
+// caller's ctx ended.
+const replyGrace = 5 * time.Second
+
+// outlive returns a context for a store call that, once sent, must be seen
+// through: it ends grace after ctx does, not with it.
+func outlive(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	if ctx.Done() == nil {
+		return ctx, func() {}
+	}
+	octx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel(context.Cause(ctx))
+		case <-octx.Done():
+		}
+	})
+	return octx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// admit runs admit.lua. Once the script is sent it waits for the reply even
+// if ctx ends meanwhile (up to replyGrace after): a command the client stopped
+// waiting for still reaches the server, after the caller's next command when
+// rueidis sent that one on another of its connections, so the Abandon of a
+// waiter whose deadline cut its Enqueue short could run first and leave
+// behind what the Enqueue then queued or admitted: a permit held until its
+// hold expires. With the reply in hand, whatever follows runs after it.
 func (b *Backend) admit(ctx context.Context, r *ratelimit.Request, mode string, lease time.Duration) (ratelimit.Decision, error) {
 	sp, err := encodeSpec(r)
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return ratelimit.Decision{}, unavailable("admit", err) // not sent
+	}
 	args := []string{mode, r.ID, sp, strconv.Itoa(int(r.Priority)), strconv.FormatInt(max(lease.Milliseconds(), 1), 10)}
-	vals, err := admitScript.Exec(ctx, b.c, []string{b.base}, args).ToArray()
+	sctx, done := outlive(ctx, replyGrace)
+	vals, err := admitScript.Exec(sctx, b.c, []string{b.base}, args).ToArray()
+	done()
 	if err != nil {
 		return ratelimit.Decision{}, unavailable("admit", err)
 	}
