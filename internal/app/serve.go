@@ -319,6 +319,7 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err 
 		IdleTimeout:    cfg.Upstream.IdleTimeout,
 		Logger:         log,
 
+		InProcessLimiter:    storeurl.IsMemory(cfg.Store),
 		RateLimitFailClosed: cfg.RateLimit.FailClosed,
 		ReservationHold:     cfg.RateLimit.ReservationHold,
 		Locker:              lock.New(lockBackend),

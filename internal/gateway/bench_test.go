@@ -63,12 +63,14 @@ func BenchmarkServeChat(b *testing.B) {
 	bm := memoryBudgets(b)
 	huge := Limits{RPM: 1 << 40, TPM: 1 << 40}
 	gw, err := New(Options{
-		Route:    func(string) ([]string, bool) { return []string{"sim/gpt-4.1-mini"}, true },
-		Limiter:  ratelimit.New(rlmemory.New(clock.Real{})),
-		Budgets:  bm,
-		Upstream: up,
-		Tenants:  map[string]*Tenant{sha(tenantKey): {Name: "bench", Limits: huge}},
-		Logger:   slog.New(slog.DiscardHandler),
+		Route:   func(string) ([]string, bool) { return []string{"sim/gpt-4.1-mini"}, true },
+		Limiter: ratelimit.New(rlmemory.New(clock.Real{})),
+		Budgets: bm,
+		// As llmgate serve wires the memory store.
+		InProcessLimiter: true,
+		Upstream:         up,
+		Tenants:          map[string]*Tenant{sha(tenantKey): {Name: "bench", Limits: huge}},
+		Logger:           slog.New(slog.DiscardHandler),
 		Deployments: []Deployment{{
 			Name: "sim/gpt-4.1-mini", Provider: "sim", Model: "gpt-4.1-mini", Limits: huge,
 			Target: provider.Target{Name: "sim/gpt-4.1-mini", BaseURL: "http://127.0.0.1:1/v1", APIKey: providerKey},

@@ -36,7 +36,10 @@ func setRequestID(w http.ResponseWriter, r *http.Request) string {
 	if !validRequestID(id) {
 		var b [12]byte
 		_, _ = rand.Read(b[:])
-		id = "req_" + hex.EncodeToString(b[:])
+		var text [4 + 2*len(b)]byte
+		copy(text[:], "req_")
+		hex.Encode(text[4:], b[:])
+		id = string(text[:])
 	}
 	w.Header()["X-Request-Id"] = []string{id}
 	return id

@@ -167,6 +167,13 @@ type Options struct {
 	// Default DefaultUsageFlushInterval.
 	UsageFlushInterval time.Duration
 
+	// InProcessLimiter says Limiter's store is in this process (the memory
+	// store): a finished request's limits are then settled on its own
+	// goroutine once its answer is out, which costs less than handing the
+	// work to a background worker. Budget settles stay in the background
+	// (the memory budget store waits for the disk).
+	InProcessLimiter bool
+
 	// RateLimitFailClosed refuses requests (503) when the rate-limit store
 	// cannot be reached; the default admits them unchecked.
 	RateLimitFailClosed bool

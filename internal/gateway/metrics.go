@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +32,59 @@ type metrics struct {
 	dedup         *prometheus.CounterVec
 	cache         *prometheus.CounterVec
 	settleErrors  prometheus.Counter
+
+	// The series every request touches, by label values: WithLabelValues
+	// hashes and checks every value on each call.
+	requestSeries  seriesCache[requestLabels, prometheus.Counter]
+	durationSeries seriesCache[openai.Endpoint, prometheus.Observer]
+	upstreamSeries seriesCache[[2]string, prometheus.Counter]    // deployment, status class
+	tokenSeries    seriesCache[[3]string, [2]prometheus.Counter] // tenant, model, deployment: prompt, completion
+}
+
+type requestLabels struct {
+	tenant, model, outcome string
+	ep                     openai.Endpoint
+}
+
+// seriesCache maps label values to their series, made on first use. Its
+// keys are the label values the metric already holds, so it grows no more
+// than the metric does.
+type seriesCache[K comparable, S any] struct {
+	mu sync.RWMutex // protects m
+	m  map[K]S
+}
+
+func (c *seriesCache[K, S]) get(k K, mk func() S) S {
+	c.mu.RLock()
+	s, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return s
+	}
+	s = mk()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[K]S)
+	}
+	c.m[k] = s
+	return s
+}
+
+// upstreamAnswer counts an answer of deployment dep with status.
+func (m *metrics) upstreamAnswer(dep string, status int) {
+	k := [2]string{dep, statusClass(status)}
+	m.upstreamSeries.get(k, func() prometheus.Counter { return m.upstream.WithLabelValues(k[0], k[1]) }).Inc()
+}
+
+// tokensUsed counts the tokens of a request of tenant on model at dep.
+func (m *metrics) tokensUsed(tenant, model, dep string, prompt, completion int64) {
+	k := [3]string{tenant, model, dep}
+	s := m.tokenSeries.get(k, func() [2]prometheus.Counter {
+		return [2]prometheus.Counter{m.tokens.WithLabelValues(tenant, model, dep, "prompt"), m.tokens.WithLabelValues(tenant, model, dep, "completion")}
+	})
+	s[0].Add(float64(prompt))
+	s[1].Add(float64(completion))
 }
 
 // admissionCollector reports the limiter's admissions by path: "local"
@@ -128,8 +182,13 @@ func (m *metrics) observeRequest(c *call, ep openai.Endpoint, model string) {
 	if c.targets == nil {
 		model = "" // unknown or unrouted: never a client-chosen label value
 	}
-	m.requests.WithLabelValues(tenant, ep.String(), model, c.outcome).Inc()
-	m.duration.WithLabelValues(ep.String()).Observe(time.Since(c.start).Seconds())
+	k := requestLabels{tenant: tenant, model: model, outcome: c.outcome, ep: ep}
+	m.requestSeries.get(k, func() prometheus.Counter {
+		return m.requests.WithLabelValues(tenant, ep.String(), model, k.outcome)
+	}).Inc()
+	m.durationSeries.get(ep, func() prometheus.Observer {
+		return m.duration.WithLabelValues(ep.String())
+	}).Observe(time.Since(c.start).Seconds())
 }
 
 func (g *Gateway) metricsHandler() http.Handler {

@@ -69,7 +69,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			}
 			bodyModel = adm.dep.Model
 		}
-		stopKeep := g.keepReservation(adm)
+		kept := g.keepReservation(adm)
 		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, provider.Request{
 			Path:      c.req.Endpoint.Path(),
 			Body:      body,
@@ -82,7 +82,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 		})
 		last := len(cands) == 1
 		if err != nil {
-			stopKeep()
+			kept.stop()
 			g.refund(adm)
 			if ctx.Err() != nil {
 				g.cancelled(c, ctx).Write(w)
@@ -98,7 +98,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			retries429++
 			g.metrics.retries429.Inc()
 			drain(resp)
-			stopKeep()
+			kept.stop()
 			g.settleRefused(adm)
 			continue
 		}
@@ -106,7 +106,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			// Another target may answer; this one's answer is dropped.
 			g.metrics.fallbacks.WithLabelValues(adm.dep.Name).Inc()
 			drain(resp)
-			stopKeep()
+			kept.stop()
 			if resp.StatusCode == http.StatusTooManyRequests {
 				g.settleRefused(adm)
 			} else {
@@ -118,7 +118,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 		settled = true
 		adm.refused = resp.StatusCode == http.StatusTooManyRequests
 		g.relay(ctx, w, c, adm, res, resp)
-		stopKeep()
+		kept.stop()
 		return
 	}
 	if lastErr == nil {
@@ -133,9 +133,9 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 // themselves within one hold. The returned func stops it. One goroutine
 // does this for every request (see keeper): most end long before their
 // first renewal, and a timer each would cost them all.
-func (g *Gateway) keepReservation(adm admitted) func() {
+func (g *Gateway) keepReservation(adm admitted) keptReservation {
 	if adm.decision.ID == "" {
-		return func() {}
+		return keptReservation{}
 	}
 	return g.keeper.add(g, adm)
 }
@@ -145,35 +145,46 @@ func (g *Gateway) keepReservation(adm admitted) func() {
 // and three quarters of a hold after its last renewal, never later.
 type keeper struct {
 	mu      sync.Mutex // protects everything below
-	live    map[uint64]*keptReservation
+	live    map[uint64]keptState
 	next    uint64
 	stop    chan struct{} // closed by Close; nil until the goroutine starts
 	stopped bool
 }
 
-type keptReservation struct {
+type keptState struct {
 	adm     admitted
 	renewed time.Time // admission, then the last renewal
 }
 
-func (k *keeper) add(g *Gateway, adm admitted) func() {
+// keptReservation is a reservation the keeper renews until stop is
+// called. The zero value is one nothing renews.
+type keptReservation struct {
+	k  *keeper
+	id uint64
+}
+
+func (r keptReservation) stop() {
+	if r.k == nil {
+		return
+	}
+	r.k.mu.Lock()
+	defer r.k.mu.Unlock()
+	delete(r.k.live, r.id)
+}
+
+func (k *keeper) add(g *Gateway, adm admitted) keptReservation {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.live == nil {
-		k.live = make(map[uint64]*keptReservation)
+		k.live = make(map[uint64]keptState)
 	}
 	if k.stop == nil && !k.stopped {
 		k.stop = make(chan struct{})
 		go k.run(g, k.stop)
 	}
 	k.next++
-	id := k.next
-	k.live[id] = &keptReservation{adm: adm, renewed: time.Now()}
-	return func() {
-		k.mu.Lock()
-		defer k.mu.Unlock()
-		delete(k.live, id)
-	}
+	k.live[k.next] = keptState{adm: adm, renewed: time.Now()}
+	return keptReservation{k, k.next}
 }
 
 // close stops the renewals.
@@ -190,7 +201,7 @@ func (k *keeper) run(g *Gateway, stop <-chan struct{}) {
 	hold := g.opt.ReservationHold
 	tick := time.NewTicker(max(hold/4, time.Millisecond)) // a positive period, whatever the hold
 	defer tick.Stop()
-	var due []*keptReservation
+	var due []keptState
 	for {
 		select {
 		case <-stop:
@@ -198,9 +209,10 @@ func (k *keeper) run(g *Gateway, stop <-chan struct{}) {
 		case now := <-tick.C:
 			due = due[:0]
 			k.mu.Lock()
-			for _, r := range k.live {
+			for id, r := range k.live {
 				if now.Sub(r.renewed) >= hold/2 {
 					r.renewed = now
+					k.live[id] = r
 					due = append(due, r)
 				}
 			}
@@ -347,13 +359,13 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	copyResponseHeader(h, resp.Header)
 	setRateHeaders(h, adm.decision.Limits)
 	h["X-Llmgate-Deployment"] = []string{adm.dep.Name}
-	g.metrics.upstream.WithLabelValues(adm.dep.Name, statusClass(resp.StatusCode)).Inc()
+	g.metrics.upstreamAnswer(adm.dep.Name, resp.StatusCode)
 
 	if resp.StatusCode == http.StatusOK && c.req.Stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		g.relayStream(ctx, w, c, adm, res, resp)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	body, err := readAnswer(resp)
 	if err != nil || len(body) > maxAnswerBytes {
 		g.opt.Upstream.ReportFailure(&adm.dep.Target)
 		g.finish(c, adm, res, nil, false)
@@ -390,6 +402,28 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 		c.outcome = "upstream_" + statusClass(resp.StatusCode)
 	}
 	g.finish(c, adm, res, usage, false)
+}
+
+// readAnswer reads a non-streamed answer, up to one byte over
+// maxAnswerBytes, into a buffer of the size the provider announced.
+func readAnswer(resp *http.Response) ([]byte, error) {
+	n := resp.ContentLength
+	if n < 0 || n > maxAnswerBytes {
+		return io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	}
+	buf := make([]byte, n+1) // +1: room to see the end
+	got, err := io.ReadFull(resp.Body, buf)
+	switch {
+	case err == nil: // longer than announced (a transport would not allow it)
+		rest, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1-int64(got)))
+		return append(buf, rest...), err
+	case (err == io.EOF || err == io.ErrUnexpectedEOF) && int64(got) == n:
+		return buf[:got], nil
+	case err == io.EOF:
+		return nil, io.ErrUnexpectedEOF // shorter than announced
+	default:
+		return nil, err
+	}
 }
 
 // relayStream passes an SSE answer through event by event, flushing each,

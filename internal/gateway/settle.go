@@ -14,15 +14,28 @@ import (
 // finish records a relayed request: the rate limits are settled with the
 // real token count and the budget is charged (or released when usage is nil:
 // the provider refused the request). It runs after the answer reached the
-// client, in the background; Close waits for it.
+// client, in the background (the limits on the caller's goroutine with
+// Options.InProcessLimiter); Close waits for it.
 func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *openai.Usage, stream bool) {
 	model := adm.dep.Model
 	if usage != nil {
-		g.metrics.tokens.WithLabelValues(c.tenant.Name, model, adm.dep.Name, "prompt").Add(float64(usage.PromptTokens))
-		g.metrics.tokens.WithLabelValues(c.tenant.Name, model, adm.dep.Name, "completion").Add(float64(usage.CompletionTokens))
+		g.metrics.tokensUsed(c.tenant.Name, model, adm.dep.Name, usage.PromptTokens, usage.CompletionTokens)
+	}
+	inline := g.opt.InProcessLimiter
+	if inline {
+		g.settleLimits(context.Background(), c, adm, usage)
+		switch {
+		case usage == nil && res.Hold == (budget.Amount{}):
+			return // nothing held, nothing to record
+		case usage != nil && !c.tenant.capped():
+			g.usage.add(res, g.usageRecord(adm, usage))
+			return
+		}
 	}
 	g.background(settleTimeout, func(ctx context.Context) {
-		g.settleLimits(ctx, c, adm, usage)
+		if !inline {
+			g.settleLimits(ctx, c, adm, usage)
+		}
 		if usage == nil {
 			if res.Hold != (budget.Amount{}) {
 				if err := g.opt.Budgets.Release(ctx, res); err != nil {
@@ -31,15 +44,7 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 			}
 			return
 		}
-		rec := budget.Record{
-			Model:      model,
-			Deployment: adm.dep.Name,
-			Usage: budget.Usage{
-				PromptTokens:     usage.PromptTokens,
-				CompletionTokens: usage.CompletionTokens,
-				CachedTokens:     usage.Cached(),
-			},
-		}
+		rec := g.usageRecord(adm, usage)
 		if !c.tenant.capped() {
 			g.usage.add(res, rec) // nothing to enforce: recorded with others
 			return
@@ -52,6 +57,19 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 		}
 		g.metrics.cost.WithLabelValues(c.tenant.Name, model).Add(float64(s.Record.MicroUSD) / 1e6)
 	})
+}
+
+// usageRecord is what a request used on adm's deployment.
+func (g *Gateway) usageRecord(adm admitted, usage *openai.Usage) budget.Record {
+	return budget.Record{
+		Model:      adm.dep.Model,
+		Deployment: adm.dep.Name,
+		Usage: budget.Usage{
+			PromptTokens:     usage.PromptTokens,
+			CompletionTokens: usage.CompletionTokens,
+			CachedTokens:     usage.Cached(),
+		},
+	}
 }
 
 // settleBudget charges rec, retrying store failures within ctx: a settle is
@@ -147,10 +165,12 @@ func (g *Gateway) releaseBudget(res budget.Reservation) {
 // and the limiter's unused local blocks are back in the store, or ctx ends.
 // Stop the HTTP server first.
 func (g *Gateway) Close(ctx context.Context) error {
-	g.usage.flushNow()
+	// Requests and their settles first: they may add to the usage batch,
+	// whose timer Close must not wait for.
 	if err := g.pending.wait(ctx); err != nil {
 		return err
 	}
+	g.usage.flushNow()
 	// Settles are done: the limiter's local blocks can all go back. Work
 	// started after this runs on goroutines of its own.
 	g.stopBackground()
@@ -164,9 +184,10 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // added while someone waits (a handler finishing as Close is called): the
 // waiter returns once the count is zero at some moment.
 type pendingWork struct {
-	mu   sync.Mutex // protects n and zero
-	n    int
-	zero chan struct{} // closed when n drops to 0; nil while n is 0
+	mu      sync.Mutex // protects n, zero and waiting
+	n       int
+	zero    chan struct{} // closed when n drops to 0; nil while n is 0
+	waiting int           // callers in wait (tests watch it)
 }
 
 func (p *pendingWork) Add(d int) {
@@ -187,10 +208,18 @@ func (p *pendingWork) Done() { p.Add(-1) }
 func (p *pendingWork) wait(ctx context.Context) error {
 	p.mu.Lock()
 	zero := p.zero
+	if zero != nil {
+		p.waiting++
+	}
 	p.mu.Unlock()
 	if zero == nil {
 		return nil
 	}
+	defer func() {
+		p.mu.Lock()
+		p.waiting--
+		p.mu.Unlock()
+	}()
 	select {
 	case <-zero:
 		return nil

@@ -19,6 +19,9 @@ type usageBatch struct {
 	rows  map[usageKey]*usageRow // usage since the last flush
 	armed bool                   // a flush is scheduled
 	timer *time.Timer
+	// flushing is held while a flush records its rows, so that flushNow
+	// returns only once what was collected before it is recorded.
+	flushing sync.Mutex
 }
 
 type usageKey struct{ tenant, window, model, deployment string }
@@ -47,27 +50,27 @@ func (u *usageBatch) add(res budget.Reservation, rec budget.Record) {
 	row.rec.Usage.CachedTokens += rec.Usage.CachedTokens
 	if !u.armed {
 		u.armed = true
-		// Counted as background work, so that Close waits for the flush.
-		u.g.pending.Add(1)
 		u.timer = time.AfterFunc(u.g.opt.UsageFlushInterval, u.flush)
 	}
 }
 
-// flushNow records what is collected without waiting for the timer.
+// flushNow records what is collected without waiting for the timer, and
+// waits for a flush the timer started.
 func (u *usageBatch) flushNow() {
 	u.mu.Lock()
-	armed, t := u.armed, u.timer
-	u.mu.Unlock()
-	if armed && t.Stop() {
-		u.flush()
+	if u.armed {
+		u.timer.Stop()
 	}
+	u.mu.Unlock()
+	u.flush()
 }
 
 // flush records the collected rows, each under a reservation ID of its own
 // (so that a retried settle cannot count it twice). Prices are linear in
 // tokens, so the sum's cost is the sum of the requests' costs.
 func (u *usageBatch) flush() {
-	defer u.g.pending.Done()
+	u.flushing.Lock()
+	defer u.flushing.Unlock()
 	u.mu.Lock()
 	rows := u.rows
 	u.rows, u.armed = nil, false

@@ -169,6 +169,19 @@ func String(v []byte) (s string, ok bool) {
 	return s, true
 }
 
+// Plain returns the bytes of the JSON string v when they are its value as
+// they stand (no escape to decode, valid UTF-8): a view of v, not a copy.
+func Plain(v []byte) ([]byte, bool) {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return nil, false
+	}
+	inner := v[1 : len(v)-1]
+	if needsDecoder(inner) || !utf8.Valid(inner) {
+		return nil, false
+	}
+	return inner, true
+}
+
 // needsDecoder reports whether s has an escape, a quote or a control byte.
 func needsDecoder(s []byte) bool {
 	for _, c := range s {

@@ -79,7 +79,33 @@ func FuzzString(f *testing.F) {
 		if ok && got != want {
 			t.Fatalf("String(%q) = %q, encoding/json %q", b, got, want)
 		}
+		// Plain, when it answers, answers what String does.
+		if p, pok := Plain(b); pok && (!ok || string(p) != got) {
+			t.Fatalf("Plain(%q) = %q; String = %q, %v", b, p, got, ok)
+		}
 	})
+}
+
+func TestPlain(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string
+		ok   bool
+	}{
+		{`"hello"`, "hello", true},
+		{`""`, "", true},
+		{`"é ok"`, "é ok", true},
+		{`"a\nb"`, "", false},    // an escape to decode
+		{"\"a\x01\"", "", false}, // a control byte: invalid JSON
+		{"\"\xff\"", "", false},  // not UTF-8
+		{`"open`, "", false},
+		{`12`, "", false},
+	} {
+		got, ok := Plain([]byte(tc.in))
+		if ok != tc.ok || string(got) != tc.want {
+			t.Errorf("Plain(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
 }
 
 func TestElementsStops(t *testing.T) {

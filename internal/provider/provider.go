@@ -410,7 +410,7 @@ func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, req
 	timer := c.cfg.Clock.AfterFunc(a.timeout, func() { cancel(errHeaderTimeout) })
 	r := base.WithContext(actx)
 	if len(body) > 0 {
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.Body = newBodyReader(body)
 	}
 	start := c.cfg.Clock.Now()
 	resp, err := c.cfg.Transport.RoundTrip(r)
@@ -499,10 +499,22 @@ func (c *Client) newRequest(t *Target, st *targetState, req *Request) (*http.Req
 		r.ContentLength = int64(n)
 		// GetBody lets the transport replay the body itself (HTTP/2 retry
 		// after GOAWAY, a redirect) without copying it.
-		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+		r.GetBody = func() (io.ReadCloser, error) { return newBodyReader(b), nil }
 	}
 	return r, nil
 }
+
+// bodyReader is a request body read from memory: one allocation, where
+// io.NopCloser(bytes.NewReader(b)) makes two.
+type bodyReader struct{ bytes.Reader }
+
+func newBodyReader(b []byte) *bodyReader {
+	r := &bodyReader{}
+	r.Reset(b)
+	return r
+}
+
+func (*bodyReader) Close() error { return nil }
 
 var jsonContentType = []string{"application/json"}
 

@@ -280,6 +280,9 @@ func contentTokens(enc *encoding, model string, raw json.RawMessage) int {
 	}
 	switch raw[0] {
 	case '"':
+		if b, ok := jsonscan.Plain(raw); ok {
+			return enc.countBytes(b)
+		}
 		if s, ok := jsonscan.String(raw); ok {
 			return enc.count(s)
 		}

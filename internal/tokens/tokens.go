@@ -177,6 +177,21 @@ func (e *encoding) count(s string) int {
 	return n
 }
 
+// countBytes is count for text held as bytes: a memoised count costs no
+// copy of it.
+func (e *encoding) countBytes(b []byte) int {
+	if len(b) < memoMinBytes {
+		return e.count(string(b))
+	}
+	h := maphash.Bytes(memoSeed, b) // equal to maphash.String of the same text
+	if n, ok := memoGet(e, memoText, h, len(b)); ok {
+		return n
+	}
+	n := e.countUncached(string(b))
+	memoPut(e, memoText, h, len(b), n)
+	return n
+}
+
 // roleTokens holds strings that are one token in both encodings and occur
 // in every message.
 var roleTokens = map[string]int{"": 0, "system": 1, "developer": 1, "user": 1, "assistant": 1, "tool": 1, "function": 1}

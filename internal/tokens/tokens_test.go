@@ -163,3 +163,21 @@ func TestInvalidUTF8(t *testing.T) {
 		t.Fatalf("Text = %d for a long invalid run", n)
 	}
 }
+
+// TestCountBytes: counting text held as bytes gives count's answer, from
+// the memo or not, for short and long texts.
+func TestCountBytes(t *testing.T) {
+	for _, s := range []string{"", "hi", "user", "A sentence long enough for the memo.", "Ünïcödé text, long enough too: 12345"} {
+		for _, enc := range []*encoding{o200k, cl100k} {
+			want := enc.countUncached(s)
+			for range 2 { // the second time from the memo
+				if got := enc.countBytes([]byte(s)); got != want {
+					t.Fatalf("countBytes(%q) = %d; want %d", s, got, want)
+				}
+				if got := enc.count(s); got != want {
+					t.Fatalf("count(%q) = %d after countBytes; want %d", s, got, want)
+				}
+			}
+		}
+	}
+}

@@ -78,6 +78,9 @@ type reservation struct {
 	index    int  // in Backend.expiries
 	expires  time.Time
 	decision ratelimit.Decision
+	// buckets are r's (levelsLocked), for Settle; usually in bucketsBuf.
+	buckets    []*bucket
+	bucketsBuf [4]*bucket
 }
 
 // New returns an empty backend on clk (nil means the real clock).
@@ -140,6 +143,28 @@ func (b *Backend) levelLocked(c ratelimit.Charge, now time.Time) *bucket {
 		b.buckets[k] = bk
 		return bk
 	}
+	bk.refill(c, now)
+	return bk
+}
+
+// levelsLocked returns the bucket of each of r's charges refilled to now
+// (nil for a concurrency limit), in dst: one map lookup per charge per
+// decision, however often the decision reads them. Buckets are never
+// removed, so the pointers stay valid.
+func (b *Backend) levelsLocked(r *ratelimit.Request, now time.Time, dst []*bucket) []*bucket {
+	for _, c := range r.Charges {
+		var bk *bucket
+		if c.Limit.Kind != ratelimit.Concurrency {
+			bk = b.levelLocked(c, now)
+		}
+		dst = append(dst, bk)
+	}
+	return dst
+}
+
+// refill brings bk to now under c's limit (or a lower learned one), with
+// the rate and burst c gets set.
+func (bk *bucket) refill(c ratelimit.Charge, now time.Time) {
 	if bk.learned > 0 && !now.Before(bk.until) {
 		// The learned limit ended since the last read: refill at its rate
 		// up to its end, at c's own from then on.
@@ -159,7 +184,6 @@ func (b *Backend) levelLocked(c ratelimit.Charge, now time.Time) *bucket {
 		bk.level = math.Min(bk.burst, bk.level+float64(now.Sub(bk.at))*bk.rate)
 		bk.at = now
 	}
-	return bk
 }
 
 // permitsLocked returns the live permits of c's scope; b.mu must be held.
@@ -178,7 +202,8 @@ func (b *Backend) permitsLocked(scope string, now time.Time) map[string]time.Tim
 }
 
 // evaluateLocked mirrors evaluate() in lib.lua.
-func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[limitKey]bool, now time.Time) (ok bool, wait time.Duration, first int, refused []ratelimit.Charge) {
+// bks are r's buckets (levelsLocked).
+func (b *Backend) evaluateLocked(r *ratelimit.Request, bks []*bucket, blocked map[limitKey]bool, now time.Time) (ok bool, wait time.Duration, first int, refused []ratelimit.Charge) {
 	ok = true
 	unknown := false
 	deferable := true // refused only for tokens not there yet
@@ -206,7 +231,7 @@ func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[limitKey]bool
 				w = max(w, exp[int64(len(p))-c.Limit.Limit].Sub(now), time.Nanosecond)
 			}
 		} else {
-			bk := b.levelLocked(c, now)
+			bk := bks[i]
 			// A learned bucket smaller than the cost: wait for a full one.
 			if cost := math.Min(float64(c.Cost), bk.burst); bk.level < cost {
 				need := time.Duration(math.Ceil((cost - bk.level) / bk.rate))
@@ -236,17 +261,17 @@ func (b *Backend) evaluateLocked(r *ratelimit.Request, blocked map[limitKey]bool
 	return ok, wait, first, refused
 }
 
-func (b *Backend) chargeLocked(r *ratelimit.Request, now time.Time) {
-	for _, c := range r.Charges {
+func (b *Backend) chargeLocked(r *ratelimit.Request, bks []*bucket, now time.Time) {
+	for i, c := range r.Charges {
 		if c.Limit.Kind == ratelimit.Concurrency {
 			b.permitsLocked(c.Scope, now)[r.ID] = now.Add(r.Hold)
 			continue
 		}
-		b.levelLocked(c, now).level -= float64(c.Cost)
+		bks[i].level -= float64(c.Cost)
 	}
 }
 
-func (b *Backend) decisionLocked(r *ratelimit.Request, ok bool, wait time.Duration, first int, now time.Time) ratelimit.Decision {
+func (b *Backend) decisionLocked(r *ratelimit.Request, bks []*bucket, ok bool, wait time.Duration, first int, now time.Time) ratelimit.Decision {
 	d := ratelimit.Decision{ID: r.ID, Allowed: ok, Limits: make([]ratelimit.Status, len(r.Charges))}
 	if ok {
 		d.Delay = wait
@@ -256,7 +281,7 @@ func (b *Backend) decisionLocked(r *ratelimit.Request, ok bool, wait time.Durati
 		if c.Limit.Kind == ratelimit.Concurrency {
 			st.Remaining = max(c.Limit.Limit-int64(len(b.permitsLocked(c.Scope, now))), 0)
 		} else {
-			bk := b.levelLocked(c, now)
+			bk := bks[i]
 			st.Remaining = max(int64(math.Floor(bk.level)), 0)
 			st.Reset = max(time.Duration(math.Ceil((bk.burst-bk.level)/bk.rate)), 0)
 		}
@@ -272,10 +297,11 @@ func (b *Backend) decisionLocked(r *ratelimit.Request, ok bool, wait time.Durati
 	return d
 }
 
-func (b *Backend) reserveLocked(r *ratelimit.Request, d ratelimit.Decision, now time.Time) {
+func (b *Backend) reserveLocked(r *ratelimit.Request, bks []*bucket, d ratelimit.Decision, now time.Time) {
 	res := &reservation{r: r, expires: now.Add(r.Hold), decision: d}
+	res.buckets = append(res.bucketsBuf[:0], bks...)
 	b.reservations[r.ID] = res
-	heap.Push(&b.expiries, expiry{at: res.expires, id: r.ID, res: res})
+	b.expiries.push(expiry{at: res.expires, id: r.ID, res: res})
 }
 
 // expiry is a reservation's place in the expiry heap. Extend moves a
@@ -305,6 +331,29 @@ func (h *expiryHeap) Pop() any {
 	x := old[len(old)-1]
 	old[len(old)-1] = expiry{}
 	*h = old[:len(old)-1]
+	x.res.index = -1
+	return x
+}
+
+// push, and remove below, are heap.Push and heap.Remove without boxing
+// the element in an interface: an allocation each.
+func (h *expiryHeap) push(e expiry) {
+	e.res.index = len(*h)
+	*h = append(*h, e)
+	heap.Fix(h, len(*h)-1)
+}
+
+func (h *expiryHeap) remove(i int) expiry {
+	n := len(*h) - 1
+	if i != n {
+		h.Swap(i, n)
+	}
+	x := (*h)[n]
+	(*h)[n] = expiry{}
+	*h = (*h)[:n]
+	if i < n {
+		heap.Fix(h, i)
+	}
 	x.res.index = -1
 	return x
 }
@@ -339,13 +388,29 @@ func (h *settledHeap) Pop() any {
 	return x
 }
 
+func (h *settledHeap) push(e settledExpiry) {
+	*h = append(*h, e)
+	heap.Fix(h, len(*h)-1)
+}
+
+func (h *settledHeap) popMin() settledExpiry {
+	n := len(*h) - 1
+	h.Swap(0, n)
+	x := (*h)[n]
+	*h = (*h)[:n]
+	if n > 0 {
+		heap.Fix(h, 0)
+	}
+	return x
+}
+
 // expireLocked drops the reservations that expired by now: O(log n) each,
 // so the cost of a decision does not grow with the reservations held.
 func (b *Backend) expireLocked(now time.Time) {
 	for len(b.expiries) > 0 && !now.Before(b.expiries[0].at) {
-		e := heap.Pop(&b.expiries).(expiry)
+		e := b.expiries.remove(0)
 		if now.Before(e.res.expires) {
-			heap.Push(&b.expiries, expiry{at: e.res.expires, id: e.id, res: e.res})
+			b.expiries.push(expiry{at: e.res.expires, id: e.id, res: e.res})
 			continue
 		}
 		if b.reservations[e.id] == e.res {
@@ -353,7 +418,7 @@ func (b *Backend) expireLocked(now time.Time) {
 		}
 	}
 	for ns := now.UnixNano(); len(b.settledExps) > 0 && b.settledExps[0].at <= ns; {
-		e := heap.Pop(&b.settledExps).(settledExpiry)
+		e := b.settledExps.popMin()
 		if b.settled[e.key] == e.at { // not settled again since, with a later hold
 			delete(b.settled, e.key)
 		}
@@ -363,15 +428,24 @@ func (b *Backend) expireLocked(now time.Time) {
 // reservationLocked returns id's reservation unless it expired:
 // settledMark if it was settled.
 func (b *Backend) reservationLocked(id string, now time.Time) *reservation {
-	res := b.reservations[id]
-	if res != nil && !now.Before(res.expires) {
-		delete(b.reservations, id)
-		return nil
-	}
+	res := b.liveReservationLocked(id, now)
 	if res == nil && len(b.settled) > 0 {
 		if exp, ok := b.settled[b.settledKeyOf(id)]; ok && now.UnixNano() < exp {
 			return settledMark
 		}
+	}
+	return res
+}
+
+// liveReservationLocked returns id's reservation if it is neither settled
+// nor expired. It does not look among the settled marks: most callers
+// treat a settled ID as an unknown one, and at thousands of requests a
+// second the marks are a large map, a cache miss to read.
+func (b *Backend) liveReservationLocked(id string, now time.Time) *reservation {
+	res := b.reservations[id]
+	if res != nil && !now.Before(res.expires) {
+		delete(b.reservations, id)
+		return nil
 	}
 	return res
 }
@@ -435,6 +509,7 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 	// the frame large enough to grow the stack of every short-lived
 	// goroutine that settles (the gateway's settles run in one each).
 	var blocked map[limitKey]bool
+	var buf [8]*bucket
 	headed := false
 	scanned := 0
 	for i := 0; i < len(l.entries) && scanned < maxScan; {
@@ -444,12 +519,13 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 			l.entries = append(l.entries[:i], l.entries[i+1:]...) // died while queued
 			continue
 		}
-		ok, wait, first, refused := b.evaluateLocked(e.r, blocked, now)
+		bks := b.levelsLocked(e.r, now, buf[:0])
+		ok, wait, first, refused := b.evaluateLocked(e.r, bks, blocked, now)
 		if ok {
-			b.chargeLocked(e.r, now)
-			d := b.decisionLocked(e.r, true, wait, -1, now)
+			b.chargeLocked(e.r, bks, now)
+			d := b.decisionLocked(e.r, bks, true, wait, -1, now)
 			l.entries = append(l.entries[:i], l.entries[i+1:]...)
-			b.reserveLocked(e.r, d, now)
+			b.reserveLocked(e.r, bks, d, now)
 			if e.r.ID == self {
 				mine, mineAdmitted = &d, true
 			} else {
@@ -474,7 +550,7 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 			set[name] = true
 		}
 		if e.r.ID == self {
-			d := b.decisionLocked(e.r, false, wait, first, now)
+			d := b.decisionLocked(e.r, bks, false, wait, first, now)
 			mine, mineWait = &d, wait
 		} else if !headed && wait > 0 {
 			// The first waiter that cannot go yet learns when it will fit.
@@ -498,21 +574,23 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 func (b *Backend) admit(r *ratelimit.Request, queue bool, lease time.Duration) (d ratelimit.Decision, admitted bool, e *entry) {
 	now := b.clk.Now()
 	b.sweepLocked(now)
-	if res := b.reservationLocked(r.ID, now); res != nil && !res.settled {
+	if res := b.liveReservationLocked(r.ID, now); res != nil {
 		return res.decision, true, nil // admitted by another caller's walk
 	}
 	l := b.lanes[r.Lane]
 	if l == nil || len(l.entries) == 0 {
 		// Fast path: nobody waits in this lane.
-		ok, wait, first, _ := b.evaluateLocked(r, nil, now)
+		var buf [8]*bucket
+		bks := b.levelsLocked(r, now, buf[:0])
+		ok, wait, first, _ := b.evaluateLocked(r, bks, nil, now)
 		if ok {
-			b.chargeLocked(r, now)
-			d := b.decisionLocked(r, true, wait, -1, now)
-			b.reserveLocked(r, d, now)
+			b.chargeLocked(r, bks, now)
+			d := b.decisionLocked(r, bks, true, wait, -1, now)
+			b.reserveLocked(r, bks, d, now)
 			return d, true, nil
 		}
 		if !queue {
-			return b.decisionLocked(r, false, wait, first, now), false, nil
+			return b.decisionLocked(r, bks, false, wait, first, now), false, nil
 		}
 	}
 	if !queue {
@@ -548,8 +626,10 @@ func (b *Backend) admit(r *ratelimit.Request, queue bool, lease time.Duration) (
 		return *mine, false, e
 	}
 	// Queued beyond the part of the lane a walk examines.
-	_, _, first, _ := b.evaluateLocked(r, nil, now)
-	return b.decisionLocked(r, false, 0, first, now), false, e
+	var buf [8]*bucket
+	bks := b.levelsLocked(r, now, buf[:0])
+	_, _, first, _ := b.evaluateLocked(r, bks, nil, now)
+	return b.decisionLocked(r, bks, false, 0, first, now), false, e
 }
 
 // Admit makes one attempt; see ratelimit.Backend.
@@ -579,9 +659,9 @@ func (b *Backend) Await(ctx context.Context, r *ratelimit.Request, timeout time.
 	}
 	if wake == nil {
 		// Not queued: admitted meanwhile, or evicted.
-		res := b.reservationLocked(r.ID, b.clk.Now())
+		res := b.liveReservationLocked(r.ID, b.clk.Now())
 		b.mu.Unlock()
-		if res != nil && !res.settled {
+		if res != nil {
 			return res.decision, true, nil
 		}
 		return ratelimit.Decision{}, false, nil
@@ -633,8 +713,8 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 	if res.settled {
 		return 2
 	}
-	lanes := []string{res.r.Lane}
-	seen := map[string]bool{res.r.Lane: true}
+	var lanesBuf [8]string
+	lanes := append(lanesBuf[:0], res.r.Lane) // to walk, at most maxLanes
 	for i, c := range res.r.Charges {
 		if c.Limit.Kind == ratelimit.Concurrency {
 			delete(b.permitsLocked(c.Scope, now), id)
@@ -646,14 +726,17 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 					a = actual[i]
 				}
 			}
-			bk := b.levelLocked(c, now)
+			bk := res.buckets[i]
+			bk.refill(c, now)
 			bk.level = math.Min(bk.burst, bk.level-float64(a-c.Cost))
 		}
 		set := b.blocked[c.Scope]
+		if set == nil {
+			continue
+		}
 		for ln := range set {
-			if !seen[ln] && len(lanes) < maxLanes {
+			if len(lanes) < maxLanes && !slices.Contains(lanes, ln) {
 				lanes = append(lanes, ln)
-				seen[ln] = true
 				delete(set, ln)
 			}
 		}
@@ -665,11 +748,11 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 	// kept where the garbage collector does not look.
 	delete(b.reservations, id)
 	if res.index >= 0 {
-		heap.Remove(&b.expiries, res.index)
+		b.expiries.remove(res.index)
 	}
 	key, exp := b.settledKeyOf(id), res.expires.UnixNano()
 	b.settled[key] = exp
-	heap.Push(&b.settledExps, settledExpiry{at: exp, key: key})
+	b.settledExps.push(settledExpiry{at: exp, key: key})
 	for _, ln := range lanes {
 		if b.lanes[ln] != nil { // checked here: walkLocked's frame is large
 			b.walkLocked(ln, "", now)
@@ -683,8 +766,8 @@ func (b *Backend) Extend(_ context.Context, id string, hold time.Duration) error
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.clk.Now()
-	res := b.reservationLocked(id, now)
-	if res == nil || res.settled {
+	res := b.liveReservationLocked(id, now)
+	if res == nil {
 		return ratelimit.ErrUnknownReservation
 	}
 	res.expires = now.Add(hold)

@@ -1,0 +1,57 @@
+package gateway
+
+import (
+	"net/http"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/llmgate/llmgate/ratelimit"
+)
+
+func TestSetRateHeaders(t *testing.T) {
+	reqs := func(limit, remaining int64, reset time.Duration) ratelimit.Status {
+		return ratelimit.Status{Kind: ratelimit.Requests, Limit: limit, Remaining: remaining, Reset: reset}
+	}
+	toks := func(limit, remaining int64, reset time.Duration) ratelimit.Status {
+		return ratelimit.Status{Kind: ratelimit.Tokens, Limit: limit, Remaining: remaining, Reset: reset}
+	}
+	cases := []struct {
+		name string
+		st   []ratelimit.Status
+		want http.Header
+	}{
+		{"none", nil, http.Header{}},
+		{"the lowest remaining of each kind", []ratelimit.Status{
+			reqs(500, 499, 120*time.Millisecond), toks(150000, 149000, 1500*time.Millisecond),
+			reqs(100, 7, 36*time.Second), toks(50000, 49999, time.Millisecond),
+			{Kind: ratelimit.Concurrency, Limit: 5, Remaining: 0},
+		}, http.Header{
+			"X-Ratelimit-Limit-Requests": {"100"}, "X-Ratelimit-Remaining-Requests": {"7"}, "X-Ratelimit-Reset-Requests": {"36s"},
+			"X-Ratelimit-Limit-Tokens": {"50000"}, "X-Ratelimit-Remaining-Tokens": {"49999"}, "X-Ratelimit-Reset-Tokens": {"1ms"},
+		}},
+		{"tokens only", []ratelimit.Status{toks(1000, 0, 6*time.Minute)}, http.Header{
+			"X-Ratelimit-Limit-Tokens": {"1000"}, "X-Ratelimit-Remaining-Tokens": {"0"}, "X-Ratelimit-Reset-Tokens": {"6m0s"},
+		}},
+		{"the stand-in for no limit is not shown", []ratelimit.Status{reqs(unlimitedRPM, unlimitedRPM-1, 0)}, http.Header{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := http.Header{}
+			setRateHeaders(h, tc.st)
+			if !reflect.DeepEqual(h, tc.want) {
+				t.Fatalf("headers = %v; want %v", h, tc.want)
+			}
+			// Each value is its own one-element slice: appending to one
+			// must not change another.
+			for k := range h {
+				h[k] = append(h[k], "x")
+			}
+			for k, v := range tc.want {
+				if h[k][0] != v[0] {
+					t.Fatalf("%s = %q after appending to the others; want %q", k, h[k][0], v[0])
+				}
+			}
+		})
+	}
+}
