@@ -18,6 +18,28 @@ import (
 // budget.
 const accountingPeriod = budget.Month
 
+// lastWindow is the budget window reserveBudget computed last.
+type lastWindow struct {
+	period budget.Period
+	loc    *time.Location
+	w      budget.Window
+}
+
+// window returns b's window at now, reusing the last one computed while it
+// lasts: every request of a tenant without a cap needs it, and most share
+// one (the month, in UTC).
+func (g *Gateway) window(b budget.Budget, now time.Time) (budget.Window, error) {
+	if l := g.lastWindow.Load(); l != nil && l.period == b.Period && l.loc == b.Location &&
+		!now.Before(l.w.Start) && now.Before(l.w.End) {
+		return l.w, nil
+	}
+	w, err := b.Window(now)
+	if err == nil {
+		g.lastWindow.Store(&lastWindow{period: b.Period, loc: b.Location, w: w})
+	}
+	return w, err
+}
+
 // reserveBudget holds the request's estimate on the tenant's budget. Tenants
 // without a budget get a reservation that only names the accounting window
 // (nothing is held, so no store call is needed).
@@ -25,7 +47,7 @@ func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservatio
 	est := budget.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.completionEstimate}
 	b := c.tenant.accountingBudget()
 	if b.Tokens == 0 && b.MicroUSD == 0 {
-		win, err := b.Window(time.Now())
+		win, err := g.window(b, time.Now())
 		if err != nil {
 			return budget.Reservation{}, internalError(g, c, "budget window", err)
 		}
@@ -88,8 +110,10 @@ func (g *Gateway) chargesFor(c *call, dep *deployment) []ratelimit.Charge {
 	ch := make([]ratelimit.Charge, 0, 9)
 	ch = dep.charges(ch, tok)
 	t := c.tenant
-	ch = appendCharges(ch, "tenant:"+t.Name, t.Limits, tok)
-	if ml, ok := t.ModelLimits[c.req.Model]; ok {
+	if t.Limits.any() { // the scope is made only when it is charged
+		ch = appendCharges(ch, "tenant:"+t.Name, t.Limits, tok)
+	}
+	if ml, ok := t.ModelLimits[c.req.Model]; ok && ml.any() {
 		ch = appendCharges(ch, "tenant-model:"+t.Name+"/"+c.req.Model, ml, tok)
 	}
 	if g.opt.RateLimitFailClosed {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/ratelimit"
 )
 
@@ -53,5 +54,36 @@ func TestSetRateHeaders(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWindowReused: the cached budget window is the one Budget.Window
+// gives, across a month's end, a change of period and of time zone.
+func TestWindowReused(t *testing.T) {
+	g := &Gateway{}
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Skip("no time zone data:", err)
+	}
+	month := budget.Budget{Tenant: "a", Period: budget.Month}
+	day := budget.Budget{Tenant: "a", Period: budget.Day}
+	inParis := budget.Budget{Tenant: "a", Period: budget.Month, Location: paris}
+	end := time.Date(2026, 11, 30, 23, 59, 59, 0, time.UTC)
+	for _, tc := range []struct {
+		b  budget.Budget
+		at time.Time
+	}{
+		{month, end.Add(-time.Hour)},
+		{month, end},                  // the cached window
+		{month, end.Add(time.Second)}, // December
+		{day, end.Add(time.Second)},
+		{inParis, end.Add(-30 * time.Minute)}, // already December in Paris
+		{month, end.Add(-30 * time.Minute)},
+	} {
+		got, err := g.window(tc.b, tc.at)
+		want, werr := tc.b.Window(tc.at)
+		if err != nil || werr != nil || got != want {
+			t.Fatalf("window(%s in %v, %v) = %+v, %v; want %+v, %v", tc.b.Period, tc.b.Location, tc.at, got, err, want, werr)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -223,6 +224,8 @@ type Gateway struct {
 	bgStopped bool
 	// usage batches the usage records of tenants without a budget cap.
 	usage usageBatch
+	// lastWindow caches a budget window (see window).
+	lastWindow atomic.Pointer[lastWindow]
 }
 
 // New returns a Gateway, or an error naming what is missing.
