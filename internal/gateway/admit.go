@@ -107,13 +107,14 @@ type admitted struct {
 // tenant's for the model asked for.
 func (g *Gateway) chargesFor(c *call, dep *deployment) []ratelimit.Charge {
 	tok := c.tokenEstimate()
-	ch := make([]ratelimit.Charge, 0, 9)
-	ch = dep.charges(ch, tok)
 	t := c.tenant
+	ml := t.ModelLimits[c.req.Model]
+	ch := make([]ratelimit.Charge, 0, 3+t.Limits.count()+ml.count()) // at most 3 on the deployment
+	ch = dep.charges(ch, tok)
 	if t.Limits.any() { // the scope is made only when it is charged
 		ch = appendCharges(ch, "tenant:"+t.Name, t.Limits, tok)
 	}
-	if ml, ok := t.ModelLimits[c.req.Model]; ok && ml.any() {
+	if ml.any() {
 		ch = appendCharges(ch, "tenant-model:"+t.Name+"/"+c.req.Model, ml, tok)
 	}
 	if g.opt.RateLimitFailClosed {

@@ -33,7 +33,18 @@ type Limits struct {
 	RPM, TPM, Concurrency int64
 }
 
-func (l Limits) any() bool { return l.RPM > 0 || l.TPM > 0 || l.Concurrency > 0 }
+func (l Limits) any() bool { return l.count() > 0 }
+
+// count is how many of the limits are set.
+func (l Limits) count() int {
+	n := 0
+	for _, v := range [3]int64{l.RPM, l.TPM, l.Concurrency} {
+		if v > 0 {
+			n++
+		}
+	}
+	return n
+}
 
 // Deployment is one provider key serving one model.
 type Deployment struct {

@@ -32,8 +32,17 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 			return
 		}
 	}
+	g.finishInBackground(c, adm, res, usage, !inline)
+}
+
+// finishInBackground is finish's work on a background worker (the limits
+// too when settleLimits is set). A function of its own: the values its
+// closure captures would otherwise be moved to the heap on every call of
+// finish, when most return before it.
+func (g *Gateway) finishInBackground(c *call, adm admitted, res budget.Reservation, usage *openai.Usage, settleLimits bool) {
+	model := adm.dep.Model
 	g.background(settleTimeout, func(ctx context.Context) {
-		if !inline {
+		if settleLimits {
 			g.settleLimits(ctx, c, adm, usage)
 		}
 		if usage == nil {
