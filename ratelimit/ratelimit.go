@@ -295,7 +295,14 @@ type Limiter struct {
 	local       *localQuota // nil unless WithLocalQuota
 
 	admitted, denied, waited, storeErrors, failedOpen, failedClosed, localAdmitted atomic.Int64
+
+	// cleanups holds a token per abandon running after an outage (see
+	// abandonLater), at most maxCleanups; Close waits for them.
+	cleanups chan struct{}
 }
+
+// maxCleanups bounds the abandons running in the background after outages.
+const maxCleanups = 32
 
 // Option configures a Limiter.
 type Option func(*Limiter)
@@ -308,7 +315,7 @@ func WithWaiterLease(d time.Duration) Option { return func(x *Limiter) { x.waite
 
 // New returns a Limiter over b.
 func New(b Backend, opts ...Option) *Limiter {
-	l := &Limiter{b: b, waiterLease: DefaultWaiterLease, clk: clock.Real{}}
+	l := &Limiter{b: b, waiterLease: DefaultWaiterLease, clk: clock.Real{}, cleanups: make(chan struct{}, maxCleanups)}
 	for _, o := range opts {
 		o(l)
 	}
@@ -425,6 +432,29 @@ func failOpen(r *Request) bool {
 
 // outage applies the store-outage policy of r's limits to err; errors that
 // are not outages are returned as they are.
+// abandonLater takes r out of the store in the background after a store
+// outage answered its first Admit or Enqueue: the script may have run and
+// only its reply been lost, and the place it took in the lane would then be
+// admitted by a later walk and hold its permits for a whole hold, with no
+// one to settle them. Best effort: at most maxCleanups run at once (the
+// waiter's lease and the hold end the rest).
+func (l *Limiter) abandonLater(r *Request, err error) {
+	if !errors.Is(err, ErrStoreUnavailable) {
+		return
+	}
+	select {
+	case l.cleanups <- struct{}{}:
+	default:
+		return
+	}
+	go func() {
+		defer func() { <-l.cleanups }()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = l.b.Abandon(ctx, r)
+	}()
+}
+
 func (l *Limiter) outage(r *Request, err error) (Decision, error) {
 	if !errors.Is(err, ErrStoreUnavailable) {
 		return Decision{ID: r.ID}, err
@@ -464,6 +494,7 @@ func (l *Limiter) Allow(ctx context.Context, req Request) (Decision, error) {
 		if ctx.Err() != nil {
 			return Decision{ID: r.ID}, err
 		}
+		l.abandonLater(r, err)
 		return l.outage(r, err)
 	}
 	if p != nil {
@@ -541,6 +572,7 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 		d, admitted, hint, err := l.b.Enqueue(ctx, r, l.waiterLease)
 		if err != nil {
 			if first && ctx.Err() == nil {
+				l.abandonLater(r, err)
 				return l.outage(r, err)
 			}
 			if !errors.Is(err, ErrStoreUnavailable) && ctx.Err() == nil {
@@ -755,9 +787,21 @@ func (l *Limiter) Learn(ctx context.Context, scope string, lim Limit, x Learned)
 
 // Close returns the unused part of local blocks (see WithLocalQuota) to the
 // store and waits for blocks being returned, until ctx ends. Blocks whose
-// requests are still unsettled go back when those settle. Without a local
-// quota it does nothing. The Limiter stays usable.
+// requests are still unsettled go back when those settle. It also waits
+// for the clean-ups that store outages started (see Allow and Wait). The
+// Limiter stays usable.
 func (l *Limiter) Close(ctx context.Context) error {
+	// Every cleanup holds a token: taking them all waits for the last.
+	for range maxCleanups {
+		select {
+		case l.cleanups <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for range maxCleanups {
+		<-l.cleanups
+	}
 	if l.local == nil {
 		return nil
 	}

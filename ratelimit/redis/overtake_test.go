@@ -185,3 +185,77 @@ func TestCutAdmitIsReported(t *testing.T) {
 		t.Errorf("Allow = %+v, %v; yet %d permits are held", got.d, got.err, n)
 	}
 }
+
+// lostReply is a client whose first admit.lua of one mode runs on the server
+// but whose reply is lost on the way back, as when a connection breaks
+// after the command was sent.
+type lostReply struct {
+	rueidis.Client
+	mode string
+	once sync.Once
+}
+
+func (c *lostReply) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	cs := cmd.Commands()
+	if len(cs) > 4 && (cs[0] == "EVALSHA" || cs[0] == "EVAL") && cs[4] == c.mode {
+		lost := false
+		c.once.Do(func() { lost = true })
+		if lost {
+			_ = c.Client.Do(ctx, cmd)
+			return rueidis.NewErrorResult(errors.New("connection reset by peer"))
+		}
+	}
+	return c.Client.Do(ctx, cmd)
+}
+
+// TestLostReplyLeavesNothing: an Enqueue, or an Admit, whose script ran but
+// whose reply was lost is answered by the fail-closed policy, and the place
+// or the permit it took is given back, not left for a walk to turn into a
+// permit that no one settles.
+func TestLostReplyLeavesNothing(t *testing.T) {
+	for _, mode := range []string{"q", "a"} {
+		t.Run(mode, func(t *testing.T) {
+			r := testutil.StartRedis(t)
+			ctx := testCtx(t, 30*time.Second)
+			scope := newScope(t, "L")
+			holder := newLimiter(t, r)
+			h := mustAllow(t, ctx, holder, one(scope, conc(1), 1), "holder") // loads the script too
+			if mode == "a" {
+				// Admit finds the permit free.
+				if err := holder.Settle(ctx, h.ID, []int64{1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l := ratelimit.New(redis.New(&lostReply{Client: r.Client(t), mode: mode}, redis.Config{}))
+			req := one(scope, conc(1), 1)
+			req.Charges[0].Limit.FailClosed = true
+			var err error
+			if mode == "q" {
+				_, err = l.Wait(ctx, req)
+			} else {
+				_, err = l.Allow(ctx, req)
+			}
+			if !errors.Is(err, ratelimit.ErrStoreUnavailable) {
+				t.Fatalf("err = %v; want the outage, failed closed", err)
+			}
+			if err := l.Close(ctx); err != nil { // waits for the clean-up
+				t.Fatal(err)
+			}
+			if mode == "q" {
+				if err := holder.Settle(ctx, h.ID, []int64{1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := r.Int(t, "ZCARD", base+":c:"+scope); n != 0 {
+				t.Errorf("%d permits held; want none", n)
+			}
+			if n := r.Int(t, "ZCARD", laneKey(scope)); n != 0 {
+				t.Errorf("%d waiters left in the lane", n)
+			}
+			d := mustAllow(t, ctx, holder, one(scope, conc(1), 1), "after")
+			if err := holder.Settle(ctx, d.ID, []int64{1}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
