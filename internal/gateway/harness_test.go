@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/llmgate/llmgate/clock"
 	"github.com/llmgate/llmgate/dedup"
 	dedupmemory "github.com/llmgate/llmgate/dedup/memory"
+	"github.com/llmgate/llmgate/internal/h1server"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/sim"
@@ -64,6 +66,8 @@ type harnessConfig struct {
 	// answer, 429s included, as providers that do not advertise their
 	// quota do: the gateway then learns it only from a 429's message.
 	hideLimits bool
+	// lean serves the gateway with internal/h1server instead of net/http.
+	lean bool
 }
 
 // hideRateHeaders drops the x-ratelimit-* headers of every answer of next.
@@ -201,9 +205,9 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 		t.Fatal(err)
 	}
 	h.gw = gw
-	srv := httptest.NewServer(gw.Handler())
+	url, stop := serveGateway(t, gw.Handler(), hc.lean)
 	t.Cleanup(func() {
-		srv.Close()
+		stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := gw.Close(ctx); err != nil {
@@ -213,8 +217,31 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 			t.Errorf("a key appeared in the logs:\n%s", h.logs.String())
 		}
 	})
-	h.url = srv.URL
+	h.url = url
 	return h
+}
+
+// serveGateway serves h on a loopback port, with net/http's server or
+// with internal/h1server, and returns its URL and how to stop it.
+func serveGateway(t *testing.T, h http.Handler, lean bool) (string, func()) {
+	if !lean {
+		srv := httptest.NewServer(h)
+		return srv.URL, srv.Close
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &h1server.Server{Handler: h}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	return "http://" + ln.Addr().String(), func() {
+		_ = srv.Close()
+		<-done
+	}
 }
 
 // client returns an official SDK client for the gateway with key.

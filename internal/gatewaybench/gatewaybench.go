@@ -49,10 +49,13 @@ const (
 	// what a gateway built like llmgate costs before any of its own work.
 	// Not measured unless asked for.
 	VariantFloor = "floor"
+	// VariantMemoryLean is VariantMemory served by internal/h1server
+	// instead of net/http's server. Not measured unless asked for.
+	VariantMemoryLean = "memory-lean"
 )
 
 // AllVariants lists every variant, in the order reports show them.
-var AllVariants = []string{VariantDirect, VariantProxy, VariantFloor, VariantMemory, VariantRedis, VariantRedisStrict}
+var AllVariants = []string{VariantDirect, VariantProxy, VariantFloor, VariantMemory, VariantMemoryLean, VariantRedis, VariantRedisStrict}
 
 // DefaultVariants are the variants measured when none are named: the
 // issue's.
@@ -216,8 +219,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --variants must include %s: every figure is relative to it", ErrConfig, VariantDirect)
 	}
 	redis := seenV[VariantRedis] || seenV[VariantRedisStrict]
-	if (seenV[VariantMemory] || redis) && c.Factory == nil {
-		return fmt.Errorf("%w: the llmgate variants (%s, %s, %s) need a GatewayFactory", ErrConfig, VariantMemory, VariantRedis, VariantRedisStrict)
+	if (seenV[VariantMemory] || seenV[VariantMemoryLean] || redis) && c.Factory == nil {
+		return fmt.Errorf("%w: the llmgate variants (%s, %s, %s, %s) need a GatewayFactory", ErrConfig, VariantMemory, VariantMemoryLean, VariantRedis, VariantRedisStrict)
 	}
 	if redis && c.Redis == "" {
 		return fmt.Errorf("%w: the %s and %s variants need a Redis: give --redis ADDR, or put redis-server on PATH", ErrConfig, VariantRedis, VariantRedisStrict)

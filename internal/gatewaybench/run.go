@@ -20,6 +20,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/llmgate/llmgate/internal/h1"
+	"github.com/llmgate/llmgate/internal/h1server"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/storeurl"
 )
@@ -56,14 +57,29 @@ func (b *bench) close() {
 	}
 }
 
-// serveLoopback serves h on a fresh loopback port; its goroutines carry
-// the profiler label part=part. It returns the base URL (with /v1).
+// serveLoopback serves h on a fresh loopback port with net/http's server;
+// its goroutines carry the profiler label part=part. It returns the base
+// URL (with /v1).
 func (b *bench) serveLoopback(part string, h http.Handler) (string, error) {
+	return b.serveOn(part, &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second})
+}
+
+// serveLoopbackLean is serveLoopback with internal/h1server for a server.
+func (b *bench) serveLoopbackLean(part string, h http.Handler) (string, error) {
+	return b.serveOn(part, &h1server.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second})
+}
+
+// server is what serveOn needs of an HTTP server.
+type server interface {
+	Serve(net.Listener) error
+	Close() error
+}
+
+func (b *bench) serveOn(part string, srv server) (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", fmt.Errorf("%w: listen on loopback: %w", ErrSetup, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go pprof.Do(context.Background(), pprof.Labels("part", part), func(context.Context) {
 		defer close(done)
@@ -187,7 +203,7 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 				return nil, err
 			}
 			b.endpoints[v] = &endpoint{url: base + chatPath}
-		case VariantMemory, VariantRedis, VariantRedisStrict:
+		case VariantMemory, VariantMemoryLean, VariantRedis, VariantRedisStrict:
 			store := "memory"
 			ep := &endpoint{}
 			if onRedis(v) {
@@ -220,7 +236,11 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 			if d, ok := h.(Drainer); ok {
 				ep.drain = d.Drain
 			}
-			base, err := b.serveLoopback("gateway", h)
+			serve := b.serveLoopback
+			if v == VariantMemoryLean {
+				serve = b.serveLoopbackLean
+			}
+			base, err := serve("gateway", h)
 			if err != nil {
 				return nil, err
 			}

@@ -186,6 +186,26 @@ func TestRunFloor(t *testing.T) {
 	}
 }
 
+// TestRunMemoryLean: the memory-lean variant serves the factory's gateway
+// with internal/h1server, JSON and streams, and is not measured unless
+// asked for.
+func TestRunMemoryLean(t *testing.T) {
+	f := &fakeFactory{}
+	variants := []string{VariantDirect, VariantMemoryLean}
+	cfg := Config{Duration: 200 * time.Millisecond, Reps: 1, Concurrency: []int{1, 4}, Stream: true, Variants: variants, Factory: f.build}
+	res, err := Run(testContext(t), cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSane(t, res, variants, 3)
+	if len(f.stores) != 1 || f.stores[0] != "memory" {
+		t.Errorf("factory asked for stores %q; want [memory]", f.stores)
+	}
+	if def := (Config{}).withDefaults(); slices.Contains(def.Variants, VariantMemoryLean) {
+		t.Errorf("default variants %v include %s", def.Variants, VariantMemoryLean)
+	}
+}
+
 // TestRunCountsErrors: answers other than 200, and streams that do not
 // end properly, are errors, and the run is flagged.
 func TestRunCountsErrors(t *testing.T) {
