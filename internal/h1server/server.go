@@ -14,6 +14,7 @@ package h1server
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -410,7 +411,8 @@ func (c *conn) runHandler(w *response, r *http.Request) (panicked bool) {
 // writeError answers a request that could not be read, in OpenAI's error
 // shape, and the connection closes after it.
 func (c *conn) writeError(status int, msg string) {
-	body := `{"error":{"message":` + strconv.Quote(msg) + `,"type":"invalid_request_error","param":null,"code":"bad_http_request"}}`
+	m, _ := json.Marshal(msg) // a string always encodes
+	body := `{"error":{"message":` + string(m) + `,"type":"invalid_request_error","param":null,"code":"bad_http_request"}}`
 	_ = c.nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprintf(c.bw, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 		status, http.StatusText(status), len(body), body)
