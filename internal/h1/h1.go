@@ -441,15 +441,15 @@ func (b *body) finish(complete bool) {
 // request or smuggle another one (CR, LF, NUL and other controls), as
 // net/http does.
 func validHeaders(req *http.Request) error {
-	if !validValue(req.Host) || !validValue(req.URL.Host) {
+	if !ValidValue(req.Host) || !ValidValue(req.URL.Host) {
 		return errors.New("h1: invalid Host")
 	}
 	for name, values := range req.Header {
-		if !validName(name) {
+		if !ValidToken(name) {
 			return fmt.Errorf("h1: invalid header name %q", name)
 		}
 		for _, v := range values {
-			if !validValue(v) {
+			if !ValidValue(v) {
 				return fmt.Errorf("h1: invalid value for header %q", name) // the value may be a secret
 			}
 		}
@@ -457,8 +457,9 @@ func validHeaders(req *http.Request) error {
 	return nil
 }
 
-// validName reports whether s is an HTTP token (RFC 9110 5.1).
-func validName(s string) bool {
+// ValidToken reports whether s is an HTTP token (RFC 9110 5.1): a method
+// or a header name.
+func ValidToken(s string) bool {
 	if s == "" {
 		return false
 	}
@@ -471,8 +472,9 @@ func validName(s string) bool {
 	return true
 }
 
-// validValue reports whether s holds no control characters but tab.
-func validValue(s string) bool {
+// ValidValue reports whether s, a header value, holds no control
+// characters but tab.
+func ValidValue(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
 			return false

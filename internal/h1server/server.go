@@ -30,6 +30,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/llmgate/llmgate/internal/h1"
 )
 
 // Defaults for zero Server fields.
@@ -186,6 +188,12 @@ func (s *Server) closeIdle() int {
 		}
 	}
 	return len(s.conns)
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
 }
 
 func (s *Server) readHeaderTimeout() time.Duration {
@@ -345,12 +353,6 @@ func (c *conn) serve() {
 	}
 }
 
-func (s *Server) isClosing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closing
-}
-
 // serveRequest runs the handler on req and reports whether the connection
 // may serve another request.
 func (c *conn) serveRequest(req *request) (keepAlive bool) {
@@ -487,7 +489,7 @@ func parseRequest(br *bufio.Reader, maxHeader int, c *conn) (*request, int, erro
 	}
 	method, rest, ok1 := strings.Cut(string(line), " ")
 	target, proto, ok2 := strings.Cut(rest, " ")
-	if !ok1 || !ok2 || !validMethod(method) || target == "" {
+	if !ok1 || !ok2 || !h1.ValidToken(method) || target == "" {
 		return nil, http.StatusBadRequest, errors.New("malformed request line")
 	}
 	var proto11 bool
@@ -512,11 +514,11 @@ func parseRequest(br *bufio.Reader, maxHeader int, c *conn) (*request, int, erro
 			break
 		}
 		name, value, ok := strings.Cut(string(line), ":")
-		if !ok || name == "" || !validHeaderName(name) {
+		if !ok || name == "" || !h1.ValidToken(name) {
 			return nil, http.StatusBadRequest, errors.New("malformed header line")
 		}
 		value = strings.Trim(value, " \t")
-		if !validHeaderValue(value) {
+		if !h1.ValidValue(value) {
 			return nil, http.StatusBadRequest, errors.New("invalid character in a header value")
 		}
 		key := textproto.CanonicalMIMEHeaderKey(name)
@@ -562,14 +564,11 @@ func parseRequest(br *bufio.Reader, maxHeader int, c *conn) (*request, int, erro
 		}
 		r.expect = proto11 && (n != 0)
 	}
-	b := &body{c: c, req: r}
+	b := &body{c: c, req: r, r: br, left: n}
 	switch {
 	case r.chunked:
 		b.r = httputil.NewChunkedReader(br)
-	case n > 0:
-		b.r = io.LimitReader(br, n)
-		b.n = n
-	default:
+	case n == 0:
 		b.done = true
 	}
 	r.body = b
@@ -612,45 +611,14 @@ func statusFor(err error) int {
 	}
 }
 
-func validMethod(m string) bool {
-	if m == "" {
-		return false
-	}
-	for i := 0; i < len(m); i++ {
-		if !isTokenChar(m[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-func validHeaderName(s string) bool { return validMethod(s) } // both are RFC 9110 tokens
-
-func isTokenChar(b byte) bool {
-	switch {
-	case b >= 'a' && b <= 'z', b >= 'A' && b <= 'Z', b >= '0' && b <= '9':
-		return true
-	}
-	return strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0
-}
-
-func validHeaderValue(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if b := s[i]; b < ' ' && b != '\t' || b == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
 // body is a request body. It answers Expect: 100-continue on its first
-// read, and starts the background read when it ends.
+// read, and starts the watch (onEOF) when it ends.
 type body struct {
 	c     *conn
 	req   *request
-	r     io.Reader
-	n     int64 // Content-Length; -1 chunked
-	done  bool  // its end was read
+	r     io.Reader // the connection's reader, or a chunked reader over it
+	left  int64     // what is still to come of a Content-Length body; -1 chunked
+	done  bool      // its end was read
 	onEOF func()
 	err   error
 }
@@ -670,33 +638,29 @@ func (b *body) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
+	if b.left >= 0 && int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
 	n, err := b.r.Read(p)
-	if err == io.EOF {
-		if b.n > 0 {
-			// A LimitReader ends at the length; the connection may have
-			// ended first.
-			if lr, ok := b.r.(*io.LimitedReader); ok && lr.N > 0 {
-				b.err = io.ErrUnexpectedEOF
-				return n, b.err
-			}
+	if b.left >= 0 {
+		b.left -= int64(n)
+		switch {
+		case b.left == 0:
+			// The end comes with the last bytes, so that a handler that
+			// reads exactly Content-Length bytes starts the watch too.
+			err = io.EOF
+		case err == io.EOF:
+			err = io.ErrUnexpectedEOF // the connection ended first
 		}
+	}
+	switch {
+	case err == io.EOF:
 		b.done = true
 		if b.onEOF != nil {
 			b.onEOF()
 		}
-	} else if err != nil {
+	case err != nil:
 		b.err = err
-	}
-	if err == nil && b.n > 0 {
-		if lr, ok := b.r.(*io.LimitedReader); ok && lr.N == 0 {
-			// Read to its length: report the end now, so that handlers that
-			// read exactly Content-Length bytes also start the watch.
-			b.done = true
-			if b.onEOF != nil {
-				b.onEOF()
-			}
-			return n, io.EOF
-		}
 	}
 	return n, err
 }
@@ -767,11 +731,11 @@ func (w *response) WriteHeader(code int) {
 	bw.WriteString(http.StatusText(code))
 	bw.WriteString("\r\n")
 	for k, vs := range w.header {
-		if k == "Transfer-Encoding" || k == "Connection" || !validHeaderName(k) {
+		if k == "Transfer-Encoding" || k == "Connection" || !h1.ValidToken(k) {
 			continue // the server's to set; an invalid name is dropped
 		}
 		for _, v := range vs {
-			if !validHeaderValue(v) {
+			if !h1.ValidValue(v) {
 				continue
 			}
 			bw.WriteString(k)

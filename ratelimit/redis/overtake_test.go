@@ -44,10 +44,13 @@ func newOvertaking(c rueidis.Client, mode string) *overtaking {
 // when no command of that caller follows it.
 func (c *overtaking) release() { c.nextOnce.Do(func() { close(c.next) }) }
 
-func (c *overtaking) admits(cmd rueidis.Completed) bool {
+func (c *overtaking) admits(cmd rueidis.Completed) bool { return isAdmit(cmd, c.mode) }
+
+// isAdmit reports whether cmd runs admit.lua in mode.
+func isAdmit(cmd rueidis.Completed, mode string) bool {
 	cs := cmd.Commands()
 	// EVALSHA|EVAL script numkeys key mode ...
-	return len(cs) > 4 && (cs[0] == "EVALSHA" || cs[0] == "EVAL") && cs[4] == c.mode
+	return len(cs) > 4 && (cs[0] == "EVALSHA" || cs[0] == "EVAL") && cs[4] == mode
 }
 
 func (c *overtaking) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
@@ -196,8 +199,7 @@ type lostReply struct {
 }
 
 func (c *lostReply) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
-	cs := cmd.Commands()
-	if len(cs) > 4 && (cs[0] == "EVALSHA" || cs[0] == "EVAL") && cs[4] == c.mode {
+	if isAdmit(cmd, c.mode) {
 		lost := false
 		c.once.Do(func() { lost = true })
 		if lost {
