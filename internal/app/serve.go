@@ -26,6 +26,7 @@ import (
 	dedupredis "github.com/llmgate/llmgate/dedup/redis"
 	"github.com/llmgate/llmgate/internal/config"
 	"github.com/llmgate/llmgate/internal/gateway"
+	"github.com/llmgate/llmgate/internal/h1server"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/sim"
@@ -155,15 +156,10 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 		fmt.Fprintf(a.Stderr, "llmgate serve: cannot listen on %s: %v\n", cfg.Listen, err)
 		return exitFailure
 	}
-	srv := &http.Server{
-		Handler:           s.gw.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	srv := newHTTPServer(cfg.HTTPServer, s.gw.Handler(), log)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("llmgate gateway listening", "addr", "http://"+ln.Addr().String()+"/v1", "store", storeurl.Redact(cfg.Store))
+	log.Info("llmgate gateway listening", "addr", "http://"+ln.Addr().String()+"/v1", "store", storeurl.Redact(cfg.Store), "http_server", cfg.HTTPServer)
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -183,6 +179,26 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 		log.Warn("some usage records were not written before exit", "err", err)
 	}
 	return exitOK
+}
+
+// httpServer is what both kinds of server do for serve.
+type httpServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+}
+
+// newHTTPServer returns the server http_server names (validated already).
+func newHTTPServer(kind string, h http.Handler, log *slog.Logger) httpServer {
+	const readHeader, idle = 10 * time.Second, 2 * time.Minute
+	if kind == config.HTTPServerNetHTTP {
+		return &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: readHeader,
+			IdleTimeout:       idle,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+	}
+	return &h1server.Server{Handler: h, ReadHeaderTimeout: readHeader, IdleTimeout: idle, Logger: log}
 }
 
 func newLogger(w io.Writer, c config.Log) *slog.Logger {

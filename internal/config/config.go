@@ -30,10 +30,17 @@ var (
 	ErrSecret = errors.New("config: cannot resolve secret")
 )
 
+// The values of http_server.
+const (
+	HTTPServerLean    = "lean"
+	HTTPServerNetHTTP = "net/http"
+)
+
 // Defaults, applied by SetDefaults to every field left unset (see
 // docs/config.md).
 const (
 	DefaultListen            = "127.0.0.1:8080"
+	DefaultHTTPServer        = HTTPServerLean
 	DefaultStore             = "memory"
 	DefaultAdminTokenEnv     = "LLMGATE_ADMIN_TOKEN"
 	DefaultMaxBodyBytes      = 8 * MiB
@@ -74,11 +81,12 @@ const (
 
 // Environment variables that override the file (see docs/config.md).
 const (
-	EnvListen   = "LLMGATE_LISTEN"
-	EnvStore    = "LLMGATE_STORE"
-	EnvStateDir = "LLMGATE_STATE_DIR"
-	EnvMaxWait  = "LLMGATE_MAX_WAIT"
-	EnvLogLevel = "LLMGATE_LOG_LEVEL"
+	EnvListen     = "LLMGATE_LISTEN"
+	EnvHTTPServer = "LLMGATE_HTTP_SERVER"
+	EnvStore      = "LLMGATE_STORE"
+	EnvStateDir   = "LLMGATE_STATE_DIR"
+	EnvMaxWait    = "LLMGATE_MAX_WAIT"
+	EnvLogLevel   = "LLMGATE_LOG_LEVEL"
 	// EnvOpenAIKey selects Default's provider.
 	EnvOpenAIKey = "OPENAI_API_KEY"
 )
@@ -115,6 +123,10 @@ type Config struct {
 	// Listen is the gateway's host:port. Default "127.0.0.1:8080"; env
 	// LLMGATE_LISTEN.
 	Listen string `yaml:"listen"`
+	// HTTPServer is what serves the gateway's HTTP/1.1: "lean" (default,
+	// internal/h1server: less work per request) or "net/http" (the
+	// standard library's server). Env LLMGATE_HTTP_SERVER.
+	HTTPServer string `yaml:"http_server"`
 	// Store is "memory" (default: one process) or a redis://, rediss:// or
 	// unix:// URL shared by every replica; env LLMGATE_STORE.
 	Store string `yaml:"store"`
@@ -513,6 +525,7 @@ func Default(getenv func(string) string) *Config {
 func (c *Config) SetDefaults(getenv func(string) string) {
 	getenv = orNoEnv(getenv)
 	setString(&c.Listen, DefaultListen)
+	setString(&c.HTTPServer, DefaultHTTPServer)
 	setString(&c.Store, DefaultStore)
 	setString(&c.StateDir, defaultStateDir(getenv))
 	setString(&c.AdminTokenEnv, DefaultAdminTokenEnv)
@@ -608,6 +621,7 @@ func (c *Config) applyEnv(getenv func(string) string) {
 		dst       *string
 	}{
 		{EnvListen, "listen", &c.Listen},
+		{EnvHTTPServer, "http_server", &c.HTTPServer},
 		{EnvStore, "store", &c.Store},
 		{EnvStateDir, "state_dir", &c.StateDir},
 		{EnvLogLevel, "log.level", &c.Log.Level},

@@ -30,6 +30,11 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string) {
 
 	p("Configuration: %s\n", c.describeSource())
 	row("listen", "%s%s", c.Listen, c.envNote("listen"))
+	if c.HTTPServer == HTTPServerLean {
+		row("http server", "lean (llmgate's own HTTP/1.1 server)%s", c.envNote("http_server"))
+	} else {
+		row("http server", "%s (the standard library's)%s", c.HTTPServer, c.envNote("http_server"))
+	}
 	if storeurl.IsMemory(c.Store) {
 		row("store", "%s%s: one process; budgets and usage persist in %s%s", c.Store, c.envNote("store"), c.StateDir, c.envNote("state_dir"))
 	} else {

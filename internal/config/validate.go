@@ -120,6 +120,12 @@ func (v *validator) top() {
 		v.add("tenants", "none, and listen %s is not a loopback address: anyone who can reach it could spend your provider keys; add tenants (docs/config.md) or listen on 127.0.0.1", quote(c.Listen))
 	}
 
+	switch c.HTTPServer {
+	case HTTPServerLean, HTTPServerNetHTTP:
+	default:
+		v.add("http_server", "%s is not a server; use lean (the default) or net/http", quote(c.HTTPServer))
+	}
+
 	switch {
 	case c.Store == "":
 		v.add("store", "is empty; use memory (one process) or a redis:// URL shared by every replica")

@@ -48,6 +48,8 @@ tenants:
 			[]string{`admin_token_env: ` + notEnv}},
 		{"negative max wait", P + "max_wait: -1s", nil,
 			[]string{`max_wait: is -1s; must be >= 0 (0 = answer 429 at once instead of waiting)`}},
+		{"unknown http server", P + "http_server: fasthttp", nil,
+			[]string{`http_server: "fasthttp" is not a server; use lean (the default) or net/http`}},
 		{"negative request timeout", P + "request_timeout: -1s", nil,
 			[]string{`request_timeout: is -1s; must be > 0, e.g. 10m`}},
 		{"log level", P + "log: {level: verbose}", nil,

@@ -66,8 +66,9 @@ type harnessConfig struct {
 	// answer, 429s included, as providers that do not advertise their
 	// quota do: the gateway then learns it only from a 429's message.
 	hideLimits bool
-	// lean serves the gateway with internal/h1server instead of net/http.
-	lean bool
+	// netHTTP serves the gateway with net/http's server instead of
+	// internal/h1server, llmgate serve's default.
+	netHTTP bool
 }
 
 // hideRateHeaders drops the x-ratelimit-* headers of every answer of next.
@@ -205,7 +206,7 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 		t.Fatal(err)
 	}
 	h.gw = gw
-	url, stop := serveGateway(t, gw.Handler(), hc.lean)
+	url, stop := serveGateway(t, gw.Handler(), hc.netHTTP)
 	t.Cleanup(func() {
 		stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -221,10 +222,10 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 	return h
 }
 
-// serveGateway serves h on a loopback port, with net/http's server or
-// with internal/h1server, and returns its URL and how to stop it.
-func serveGateway(t *testing.T, h http.Handler, lean bool) (string, func()) {
-	if !lean {
+// serveGateway serves h on a loopback port, with internal/h1server or
+// with net/http's server, and returns its URL and how to stop it.
+func serveGateway(t *testing.T, h http.Handler, netHTTP bool) (string, func()) {
+	if netHTTP {
 		srv := httptest.NewServer(h)
 		return srv.URL, srv.Close
 	}

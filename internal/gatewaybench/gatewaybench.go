@@ -36,7 +36,9 @@ const (
 	// VariantProxy goes through the reference proxy:
 	// httputil.ReverseProxy, tuned Transport, nothing else.
 	VariantProxy = "proxy"
-	// VariantMemory goes through llmgate on the memory store.
+	// VariantMemory goes through llmgate on the memory store. The llmgate
+	// variants are served by internal/h1server, as llmgate serve's
+	// default http_server is.
 	VariantMemory = "memory"
 	// VariantRedis goes through llmgate on a Redis store.
 	VariantRedis = "redis"
@@ -49,13 +51,13 @@ const (
 	// what a gateway built like llmgate costs before any of its own work.
 	// Not measured unless asked for.
 	VariantFloor = "floor"
-	// VariantMemoryLean is VariantMemory served by internal/h1server
-	// instead of net/http's server. Not measured unless asked for.
-	VariantMemoryLean = "memory-lean"
+	// VariantMemoryNetHTTP is VariantMemory served by net/http's server
+	// (http_server: net/http). Not measured unless asked for.
+	VariantMemoryNetHTTP = "memory-nethttp"
 )
 
 // AllVariants lists every variant, in the order reports show them.
-var AllVariants = []string{VariantDirect, VariantProxy, VariantFloor, VariantMemory, VariantMemoryLean, VariantRedis, VariantRedisStrict}
+var AllVariants = []string{VariantDirect, VariantProxy, VariantFloor, VariantMemory, VariantMemoryNetHTTP, VariantRedis, VariantRedisStrict}
 
 // DefaultVariants are the variants measured when none are named: the
 // issue's.
@@ -219,8 +221,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --variants must include %s: every figure is relative to it", ErrConfig, VariantDirect)
 	}
 	redis := seenV[VariantRedis] || seenV[VariantRedisStrict]
-	if (seenV[VariantMemory] || seenV[VariantMemoryLean] || redis) && c.Factory == nil {
-		return fmt.Errorf("%w: the llmgate variants (%s, %s, %s, %s) need a GatewayFactory", ErrConfig, VariantMemory, VariantMemoryLean, VariantRedis, VariantRedisStrict)
+	if (seenV[VariantMemory] || seenV[VariantMemoryNetHTTP] || redis) && c.Factory == nil {
+		return fmt.Errorf("%w: the llmgate variants (%s, %s, %s, %s) need a GatewayFactory", ErrConfig, VariantMemory, VariantMemoryNetHTTP, VariantRedis, VariantRedisStrict)
 	}
 	if redis && c.Redis == "" {
 		return fmt.Errorf("%w: the %s and %s variants need a Redis: give --redis ADDR, or put redis-server on PATH", ErrConfig, VariantRedis, VariantRedisStrict)

@@ -64,7 +64,8 @@ func (b *bench) serveLoopback(part string, h http.Handler) (string, error) {
 	return b.serveOn(part, &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second})
 }
 
-// serveLoopbackLean is serveLoopback with internal/h1server for a server.
+// serveLoopbackLean is serveLoopback with internal/h1server for a server,
+// what llmgate serve runs by default.
 func (b *bench) serveLoopbackLean(part string, h http.Handler) (string, error) {
 	return b.serveOn(part, &h1server.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second})
 }
@@ -203,7 +204,7 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 				return nil, err
 			}
 			b.endpoints[v] = &endpoint{url: base + chatPath}
-		case VariantMemory, VariantMemoryLean, VariantRedis, VariantRedisStrict:
+		case VariantMemory, VariantMemoryNetHTTP, VariantRedis, VariantRedisStrict:
 			store := "memory"
 			ep := &endpoint{}
 			if onRedis(v) {
@@ -236,9 +237,9 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 			if d, ok := h.(Drainer); ok {
 				ep.drain = d.Drain
 			}
-			serve := b.serveLoopback
-			if v == VariantMemoryLean {
-				serve = b.serveLoopbackLean
+			serve := b.serveLoopbackLean
+			if v == VariantMemoryNetHTTP {
+				serve = b.serveLoopback
 			}
 			base, err := serve("gateway", h)
 			if err != nil {

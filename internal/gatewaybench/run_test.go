@@ -186,12 +186,12 @@ func TestRunFloor(t *testing.T) {
 	}
 }
 
-// TestRunMemoryLean: the memory-lean variant serves the factory's gateway
-// with internal/h1server, JSON and streams, and is not measured unless
-// asked for.
-func TestRunMemoryLean(t *testing.T) {
+// TestRunMemoryNetHTTP: the memory-nethttp variant serves the factory's
+// gateway with net/http's server, JSON and streams, and is not measured
+// unless asked for.
+func TestRunMemoryNetHTTP(t *testing.T) {
 	f := &fakeFactory{}
-	variants := []string{VariantDirect, VariantMemoryLean}
+	variants := []string{VariantDirect, VariantMemoryNetHTTP}
 	cfg := Config{Duration: 200 * time.Millisecond, Reps: 1, Concurrency: []int{1, 4}, Stream: true, Variants: variants, Factory: f.build}
 	res, err := Run(testContext(t), cfg, io.Discard)
 	if err != nil {
@@ -201,8 +201,8 @@ func TestRunMemoryLean(t *testing.T) {
 	if len(f.stores) != 1 || f.stores[0] != "memory" {
 		t.Errorf("factory asked for stores %q; want [memory]", f.stores)
 	}
-	if def := (Config{}).withDefaults(); slices.Contains(def.Variants, VariantMemoryLean) {
-		t.Errorf("default variants %v include %s", def.Variants, VariantMemoryLean)
+	if def := (Config{}).withDefaults(); slices.Contains(def.Variants, VariantMemoryNetHTTP) {
+		t.Errorf("default variants %v include %s", def.Variants, VariantMemoryNetHTTP)
 	}
 }
 

@@ -1,9 +1,10 @@
 // Package h1server is a lean HTTP/1.1 server for the gateway: it runs any http.Handler with less work per request than net/http's server.
 //
-// In `llmgate bench gateway --variants direct,proxy,memory,memory-lean`
-// (BENCHMARKS.md, session 7) the gateway served by it answers about 5 %
-// more requests a second at c=64 than on net/http's server, with less CPU
-// per request. It keeps what a handler relies on
+// llmgate serve uses it unless http_server is net/http. In `llmgate bench
+// gateway --variants direct,proxy,memory,memory-nethttp` (BENCHMARKS.md,
+// session 8) the gateway served by it answers about 9 % more requests a
+// second at c=64 than on net/http's server, with less CPU per request. It
+// keeps what a handler relies on
 // (an *http.Request with its headers and a context that ends when the
 // client leaves, a ResponseWriter that can flush) and what a server must do
 // (keep-alive, Content-Length and chunked bodies, Expect: 100-continue,
@@ -29,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/llmgate/llmgate/internal/h1"
@@ -60,6 +62,9 @@ type Server struct {
 	MaxHeaderBytes int
 	// Logger receives handler panics. Default: discarded.
 	Logger *slog.Logger
+
+	noEpoll   bool        // tests: the goroutine watch on Linux too
+	afterRead func(*conn) // tests: runs between reading a request and its handler
 
 	mu        sync.Mutex // protects listeners, conns and closing
 	listeners map[net.Listener]struct{}
@@ -226,13 +231,19 @@ type conn struct {
 	bw   *bufio.Writer
 	idle atomic.Bool // waiting for a request (Shutdown may close it)
 
-	// The watch: once a handler has read its request's body, the
-	// connection's watcher goroutine reads on, so that a client that leaves
-	// ends the request's context (net/http does this with a goroutine per
-	// request, which it must stop when the handler returns). The watcher's
-	// read is not stopped: it is the wait for the next request, whose first
-	// bytes it hands over through watchRes.
-	watchMu  sync.Mutex // protects watching and cancel
+	// A client that leaves ends its request's context. On Linux one epoll
+	// instance tells (hangup_linux.go); c is registered there under
+	// hangupID. Elsewhere, or when registering fails, the watch does it:
+	// once a handler has read its request's body, the connection's watcher
+	// goroutine reads on (net/http does this with a goroutine per request,
+	// which it must stop when the handler returns). The watcher's read is
+	// not stopped: it is the wait for the next request, whose first bytes it
+	// hands over through watchRes.
+	hangupID uint64
+	rawConn  syscall.RawConn
+	epoll    bool       // registered for hangups: no watch needed
+	watchMu  sync.Mutex // protects gone, watching and cancel
+	gone     bool       // the client left
 	watching bool       // the current request started a watch
 	cancel   context.CancelCauseFunc
 	watchReq chan struct{}    // to the watcher: read on; made with the watcher
@@ -261,6 +272,9 @@ func (c *conn) Read(p []byte) (int, error) {
 
 // startWatch has the watcher read on once the request's body has ended.
 func (c *conn) startWatch() {
+	if c.epoll {
+		return
+	}
 	c.watchMu.Lock()
 	defer c.watchMu.Unlock()
 	if c.watching || c.br.Buffered() > 0 || len(c.ahead) > 0 {
@@ -281,13 +295,19 @@ func (c *conn) watcher() {
 		// system call.
 		n, err := c.nc.Read(c.watchBuf)
 		if n == 0 && err != nil {
-			c.watchMu.Lock()
-			if c.cancel != nil { // during a request: the client left
-				c.cancel(errClientGone)
-			}
-			c.watchMu.Unlock()
+			c.hangup()
 		}
 		c.watchRes <- watchResult{n, err}
+	}
+}
+
+// hangup ends the request in progress, if any, because the client left.
+func (c *conn) hangup() {
+	c.watchMu.Lock()
+	defer c.watchMu.Unlock()
+	c.gone = true
+	if c.cancel != nil {
+		c.cancel(errClientGone)
 	}
 }
 
@@ -306,6 +326,8 @@ var errClientGone = errors.New("h1server: the client closed the connection")
 func (c *conn) serve() {
 	defer c.s.forget(c)
 	defer c.nc.Close()
+	c.epoll = !c.s.noEpoll && c.watchHangup()
+	defer c.unwatchHangup() // before the close
 	defer func() {
 		if c.watchReq != nil {
 			close(c.watchReq) // the watcher ends once its read does
@@ -345,6 +367,9 @@ func (c *conn) serve() {
 			return
 		}
 		_ = c.nc.SetReadDeadline(time.Time{})
+		if c.s.afterRead != nil {
+			c.s.afterRead(c)
+		}
 		ok := c.serveRequest(req)
 		watched = c.takeWatch()
 		if !ok || c.s.isClosing() {
@@ -359,6 +384,9 @@ func (c *conn) serveRequest(req *request) (keepAlive bool) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	c.watchMu.Lock()
 	c.cancel = cancel
+	if c.gone { // it left before its request ran
+		cancel(errClientGone)
+	}
 	c.watchMu.Unlock()
 	hr := req.http.WithContext(ctx)
 	w := &response{c: c, req: req, header: make(http.Header, 16), status: http.StatusOK}

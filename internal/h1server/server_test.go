@@ -18,11 +18,16 @@ import (
 // start serves h on a loopback port until the test ends.
 func start(t *testing.T, h http.Handler) (*Server, string) {
 	t.Helper()
+	return startServer(t, &Server{Handler: h})
+}
+
+// startServer runs s on a loopback port until the test ends.
+func startServer(t *testing.T, s *Server) (*Server, string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{Handler: h}
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
 	t.Cleanup(func() {
@@ -218,9 +223,22 @@ func TestStreamFlushes(t *testing.T) {
 
 // TestClientLeavingCancels: a client that closes its connection while the
 // handler runs ends the request's context.
+// TestClientLeavingCancels: a client that closes its connection ends its
+// request's context, whether it leaves while the handler runs or before,
+// with epoll (Linux) and with the goroutine watch.
 func TestClientLeavingCancels(t *testing.T) {
+	for _, noEpoll := range []bool{false, true} {
+		for _, early := range []bool{false, true} {
+			t.Run(fmt.Sprintf("noEpoll=%v/early=%v", noEpoll, early), func(t *testing.T) {
+				testClientLeaving(t, noEpoll, early)
+			})
+		}
+	}
+}
+
+func testClientLeaving(t *testing.T, noEpoll, early bool) {
 	entered, cancelled := make(chan struct{}), make(chan error, 1)
-	_, addr := start(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		close(entered)
 		select {
@@ -229,14 +247,36 @@ func TestClientLeavingCancels(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			cancelled <- errors.New("not cancelled in 10s")
 		}
-	}))
-	nc, err := net.Dial("tcp", addr)
-	if err != nil {
+	})
+	var nc net.Conn
+	s := &Server{Handler: h, noEpoll: noEpoll}
+	if early {
+		// The client leaves after sending its request and before its
+		// handler runs; with epoll the server learns it in between.
+		s.afterRead = func(c *conn) {
+			nc.Close()
+			deadline := time.Now().Add(10 * time.Second)
+			for c.epoll && time.Now().Before(deadline) {
+				c.watchMu.Lock()
+				gone := c.gone
+				c.watchMu.Unlock()
+				if gone {
+					return
+				}
+				time.Sleep(time.Millisecond) // the kernel's event, on its own time
+			}
+		}
+	}
+	_, addr := startServer(t, s)
+	var err error
+	if nc, err = net.Dial("tcp", addr); err != nil {
 		t.Fatal(err)
 	}
 	_, _ = io.WriteString(nc, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-	<-entered
-	nc.Close()
+	if !early {
+		<-entered
+		nc.Close()
+	}
 	if err := <-cancelled; !errors.Is(err, errClientGone) {
 		t.Fatalf("context ended with %v; want the client's leaving", err)
 	}
