@@ -12,6 +12,9 @@ import (
 type deployment struct {
 	*Deployment
 	scope string // rate-limit scope
+	// nameHeader is the X-Llmgate-Deployment value, made once: header
+	// values are only read once set (by servers, transports and us).
+	nameHeader []string
 	// headroom is the smaller of the remaining requests and tokens
 	// fractions last seen for this deployment, in millionths (1e6 = all
 	// left); used to send a request to the least-loaded key.
@@ -92,7 +95,7 @@ func providerLimits(f provider.Feedback) [2]reportedLimit {
 }
 
 func newDeployment(d *Deployment) *deployment {
-	dep := &deployment{Deployment: d, scope: "dep:" + d.Name}
+	dep := &deployment{Deployment: d, scope: "dep:" + d.Name, nameHeader: []string{d.Name}}
 	dep.headroom.Store(1e6)
 	return dep
 }

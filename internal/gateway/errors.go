@@ -31,7 +31,7 @@ func validRequestID(s string) bool {
 
 // setRequestID sets x-request-id on the response (the client's, if it sent
 // a usable one) and returns it.
-func setRequestID(w http.ResponseWriter, r *http.Request) string {
+func setRequestID(w http.ResponseWriter, r *http.Request) []string {
 	id := r.Header.Get("X-Request-Id")
 	if !validRequestID(id) {
 		var b [12]byte
@@ -41,9 +41,14 @@ func setRequestID(w http.ResponseWriter, r *http.Request) string {
 		hex.Encode(text[4:], b[:])
 		id = string(text[:])
 	}
-	w.Header()["X-Request-Id"] = []string{id}
-	return id
+	v := []string{id}
+	w.Header()["X-Request-Id"] = v
+	return v
 }
+
+// jsonContentType is a Content-Type header value, shared: header values
+// are only read once set.
+var jsonContentType = []string{"application/json"}
 
 // withHeaders adds the headers set by f to e's response.
 func withHeaders(e *apiError, f func(http.Header)) *apiError {

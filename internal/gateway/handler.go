@@ -31,6 +31,7 @@ func (g *Gateway) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
 // call is one client request on its way through the pipeline.
 type call struct {
 	id       string
+	idHeader []string // the X-Request-Id header's value: []string{id}
 	start    time.Time
 	tenant   *Tenant
 	req      *openai.Request
@@ -75,7 +76,8 @@ func (c *call) priceModel() string {
 
 // serve runs the pipeline for one of the proxied POST endpoints.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoint) {
-	c := &call{id: setRequestID(w, r), start: time.Now(), outcome: "error"}
+	idHeader := setRequestID(w, r)
+	c := &call{id: idHeader[0], idHeader: idHeader, start: time.Now(), outcome: "error"}
 	// Usage is recorded after the last byte went out (a stream's, a
 	// follower's): counted as pending work until the handler returns, so
 	// that Close, called once the client has its answer, waits for it.

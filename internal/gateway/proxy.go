@@ -302,9 +302,9 @@ func upstreamHeader(r *http.Request, c *call) http.Header {
 		}
 	}
 	if h.Get("Content-Type") == "" {
-		h["Content-Type"] = []string{"application/json"}
+		h["Content-Type"] = jsonContentType
 	}
-	h["X-Request-Id"] = []string{c.id}
+	h["X-Request-Id"] = c.idHeader // the slice the answer's header has: values are only read
 	if c.fence != "" {
 		h["X-Fencing-Token"] = []string{c.fence}
 	}
@@ -358,7 +358,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	h := w.Header()
 	copyResponseHeader(h, resp.Header)
 	setRateHeaders(h, adm.decision.Limits)
-	h["X-Llmgate-Deployment"] = []string{adm.dep.Name}
+	h["X-Llmgate-Deployment"] = adm.dep.nameHeader
 	g.metrics.upstreamAnswer(adm.dep.Name, resp.StatusCode)
 
 	if resp.StatusCode == http.StatusOK && c.req.Stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {

@@ -612,3 +612,16 @@ func FuzzWriteRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestValidToken: every byte, against RFC 9110's definition of tchar.
+func TestValidToken(t *testing.T) {
+	for c := 0; c < 256; c++ {
+		want := c > ' ' && c < 0x7f && !strings.ContainsRune(`"(),/:;<=>?@[\]{}`, rune(c))
+		if got := ValidToken(string([]byte{byte(c)})); got != want {
+			t.Errorf("ValidToken(%q) = %v, want %v", []byte{byte(c)}, got, want)
+		}
+	}
+	if ValidToken("") {
+		t.Error("the empty string is a token")
+	}
+}

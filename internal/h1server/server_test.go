@@ -7,9 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/textproto"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -368,12 +371,30 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			return
 		}
-		hr := r.http
+		hr := &r.http
 		if hr.Method == "" || hr.URL == nil || (hr.ProtoMinor == 1 && len(hr.Header["Host"]) != 1) { // an empty Host is valid
 			t.Fatalf("accepted %q as %+v", raw, hr)
 		}
 		if r.chunked && hr.ContentLength != -1 || !r.chunked && hr.ContentLength < 0 {
 			t.Fatalf("framing of %q: chunked %v, length %d", raw, r.chunked, hr.ContentLength)
+		}
+		// The headers are what net/textproto makes of the same lines.
+		tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(raw)))
+		for {
+			line, err := tp.ReadLine()
+			if err != nil {
+				t.Fatalf("accepted %q, which has no request line: %v", raw, err)
+			}
+			if line != "" {
+				break
+			}
+		}
+		want, err := tp.ReadMIMEHeader()
+		if err != nil {
+			t.Fatalf("accepted %q, whose headers net/textproto rejects: %v", raw, err)
+		}
+		if !maps.EqualFunc(hr.Header, http.Header(want), slices.Equal) {
+			t.Fatalf("headers of %q: %q; net/textproto reads %q", raw, hr.Header, want)
 		}
 		_, _ = io.Copy(io.Discard, r.body) // reading the body never panics
 	})

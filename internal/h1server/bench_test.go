@@ -1,0 +1,45 @@
+package h1server
+
+import (
+	"bufio"
+	"strings"
+	"testing"
+)
+
+// sdkRequest is a chat completion's request line and headers as the
+// official OpenAI Python SDK sends them.
+const sdkRequest = "POST /v1/chat/completions HTTP/1.1\r\n" +
+	"Host: 127.0.0.1:8080\r\n" +
+	"Accept-Encoding: gzip, deflate\r\n" +
+	"Connection: keep-alive\r\n" +
+	"Accept: application/json\r\n" +
+	"Content-Type: application/json\r\n" +
+	"User-Agent: OpenAI/Python 1.99.9\r\n" +
+	"X-Stainless-Lang: python\r\n" +
+	"X-Stainless-Package-Version: 1.99.9\r\n" +
+	"X-Stainless-OS: Linux\r\n" +
+	"X-Stainless-Arch: x64\r\n" +
+	"X-Stainless-Runtime: CPython\r\n" +
+	"X-Stainless-Runtime-Version: 3.12.3\r\n" +
+	"Authorization: Bearer sk-test\r\n" +
+	"X-Stainless-Async: false\r\n" +
+	"X-Stainless-Retry-Count: 0\r\n" +
+	"X-Stainless-Read-Timeout: 600\r\n" +
+	"Content-Length: 2\r\n" +
+	"\r\n{}"
+
+// BenchmarkParseRequest: one request line and 17 headers, parsed from a
+// buffered reader, as a connection does for each request.
+func BenchmarkParseRequest(b *testing.B) {
+	sr := strings.NewReader(sdkRequest)
+	br := bufio.NewReaderSize(sr, 4096)
+	c := &conn{remote: "127.0.0.1:40000"}
+	b.ReportAllocs()
+	for b.Loop() {
+		sr.Reset(sdkRequest)
+		br.Reset(sr)
+		if _, _, err := parseRequest(br, DefaultMaxHeaderBytes, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
