@@ -402,11 +402,11 @@ func (c *conn) serveRequest(req *request) (keepAlive bool) {
 	c.cancel = nil
 	c.watchMu.Unlock()
 	gone := context.Cause(ctx) == errClientGone
+	// The answer ends before the context does: what its end sets off
+	// (AfterFuncs, children's cancellations) is not the client's wait.
+	finished := !panicked && !gone && w.finish()
 	cancel(context.Canceled)
-	if panicked || gone {
-		return false
-	}
-	if !w.finish() {
+	if !finished {
 		return false
 	}
 	if !req.keepAlive || w.closeAfter {
@@ -757,6 +757,7 @@ type response struct {
 	closeAfter  bool // the connection cannot serve another request
 	noBody      bool // HEAD, 1xx, 204, 304
 	err         error
+	scratch     [18]byte // a chunk's size line
 }
 
 var (
@@ -855,8 +856,7 @@ func (w *response) Write(p []byte) (int, error) {
 	}
 	bw := w.c.bw
 	if w.chunked {
-		bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
-		bw.WriteString("\r\n")
+		bw.Write(append(strconv.AppendInt(w.scratch[:0], int64(len(p)), 16), '\r', '\n'))
 	}
 	n, err := bw.Write(p)
 	if w.chunked && err == nil {
