@@ -2,7 +2,7 @@
 //
 // llmgate serve uses it unless http_server is net/http. In `llmgate bench
 // gateway --variants direct,proxy,memory,memory-nethttp` (BENCHMARKS.md,
-// session 8) the gateway served by it answers about 9 % more requests a
+// session 8) the gateway served by it answers about 7 % more requests a
 // second at c=64 than on net/http's server, with less CPU per request. It
 // keeps what a handler relies on
 // (an *http.Request with its headers and a context that ends when the
