@@ -255,6 +255,7 @@ type conn struct {
 
 	scratch scratch
 	remote  string // remoteAddr's
+	heldBuf []byte // responses' held bodies, one after the other
 }
 
 type watchResult struct {
@@ -757,8 +758,14 @@ type response struct {
 	closeAfter  bool // the connection cannot serve another request
 	noBody      bool // HEAD, 1xx, 204, 304
 	err         error
-	scratch     [18]byte // a chunk's size line
+	scratch     [20]byte // a chunk's size or a Content-Length
+	holding     bool     // framing not decided yet: the body goes to held
+	held        []byte   // the body so far, while holding (in conn.heldBuf)
 }
+
+// maxHeld is the most of a body without a Content-Length that is held to
+// give it one.
+const maxHeld = 4096
 
 var (
 	_ http.ResponseWriter = (*response)(nil)
@@ -791,7 +798,10 @@ func (w *response) WriteHeader(code int) {
 	case w.noBody:
 	case w.contentLen >= 0:
 	case w.req.proto11:
-		w.chunked = true
+		// Framed at the end: with a Content-Length if the whole body
+		// comes before the handler returns and fits in maxHeld bytes
+		// (as net/http does), else chunked.
+		w.holding = true
 	default:
 		w.closeAfter = true // HTTP/1.0 without a length: the close ends the body
 	}
@@ -823,13 +833,41 @@ func (w *response) WriteHeader(code int) {
 		bw.WriteString(httpDate())
 		bw.WriteString("\r\n")
 	}
-	if w.chunked {
+	if !w.holding {
+		w.endHeader()
+	}
+}
+
+// endHeader writes the framing lines and ends the header. The other lines
+// were written already: the header is as it was at WriteHeader.
+func (w *response) endHeader() {
+	bw := w.c.bw
+	switch {
+	case w.chunked:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	case w.holding:
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(w.scratch[:0], int64(len(w.held)), 10))
+		bw.WriteString("\r\n")
 	}
 	if w.closeAfter {
 		bw.WriteString("Connection: close\r\n")
 	}
 	bw.WriteString("\r\n")
+}
+
+// stopHolding sends the header, chunked, and what was held as the first
+// chunk: the body is too long to hold, or the handler flushes.
+func (w *response) stopHolding() error {
+	w.holding, w.chunked = false, true
+	w.endHeader()
+	held := w.held
+	w.held = nil
+	if len(held) == 0 {
+		return nil
+	}
+	_, err := w.writeChunk(held)
+	return err
 }
 
 func (w *response) Write(p []byte) (int, error) {
@@ -854,15 +892,44 @@ func (w *response) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	bw := w.c.bw
-	if w.chunked {
-		bw.Write(append(strconv.AppendInt(w.scratch[:0], int64(len(p)), 16), '\r', '\n'))
+	if w.holding {
+		if len(w.held)+len(p) <= maxHeld {
+			if w.held == nil {
+				if w.c.heldBuf == nil {
+					w.c.heldBuf = make([]byte, 0, maxHeld) // never outgrown
+				}
+				w.held = w.c.heldBuf[:0]
+			}
+			w.held = append(w.held, p...)
+			w.written += int64(len(p))
+			return len(p), nil
+		}
+		if err := w.stopHolding(); err != nil {
+			w.err = err
+			return 0, err
+		}
 	}
+	if w.chunked {
+		n, err := w.writeChunk(p)
+		w.written += int64(n)
+		return n, err
+	}
+	n, err := w.c.bw.Write(p)
+	w.written += int64(n)
+	if err != nil {
+		w.err = err
+	}
+	return n, err
+}
+
+// writeChunk writes p as one chunk; the caller counts it in written.
+func (w *response) writeChunk(p []byte) (int, error) {
+	bw := w.c.bw
+	bw.Write(append(strconv.AppendInt(w.scratch[:0], int64(len(p)), 16), '\r', '\n'))
 	n, err := bw.Write(p)
-	if w.chunked && err == nil {
+	if err == nil {
 		_, err = bw.WriteString("\r\n")
 	}
-	w.written += int64(n)
 	if err != nil {
 		w.err = err
 	}
@@ -876,6 +943,12 @@ func (w *response) FlushError() error {
 	}
 	if w.err != nil {
 		return w.err
+	}
+	if w.holding {
+		if err := w.stopHolding(); err != nil {
+			w.err = err
+			return err
+		}
 	}
 	if err := w.c.bw.Flush(); err != nil {
 		w.err = err
@@ -893,6 +966,11 @@ func (w *response) finish() bool {
 			w.header["Content-Length"] = []string{"0"}
 		}
 		w.WriteHeader(w.status)
+	}
+	if w.holding && w.err == nil { // the whole body is here: it has a length
+		w.endHeader()
+		_, w.err = w.c.bw.Write(w.held)
+		w.holding, w.held = false, nil
 	}
 	if w.chunked && w.err == nil {
 		_, w.err = w.c.bw.WriteString("0\r\n\r\n")

@@ -224,8 +224,66 @@ func TestStreamFlushes(t *testing.T) {
 	}
 }
 
-// TestClientLeavingCancels: a client that closes its connection while the
-// handler runs ends the request's context.
+// TestFraming: a body without a Content-Length gets one when it is whole
+// and small by the time the handler returns (as net/http's server does);
+// a long or flushed one goes chunked. The header is the one at
+// WriteHeader either way.
+func TestFraming(t *testing.T) {
+	long := strings.Repeat("z", maxHeld+1)
+	_, addr := start(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		switch r.URL.Path {
+		case "/small":
+			w.WriteHeader(http.StatusTeapot)
+			w.Header().Set("X-Late", "ignored") // after WriteHeader
+			fmt.Fprint(w, "short ")
+			fmt.Fprint(w, "answer")
+		case "/empty":
+			w.WriteHeader(http.StatusAccepted)
+		case "/exact":
+			fmt.Fprint(w, long[:maxHeld])
+		case "/long":
+			fmt.Fprint(w, "x")
+			fmt.Fprint(w, long)
+		case "/flushed":
+			fmt.Fprint(w, "early")
+			_ = http.NewResponseController(w).Flush()
+			fmt.Fprint(w, " late")
+		}
+	}))
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	for _, tc := range []struct {
+		path   string
+		status int
+		body   string
+		length int64 // -1: chunked
+	}{
+		{"/small", http.StatusTeapot, "short answer", 12},
+		{"/empty", http.StatusAccepted, "", 0},
+		{"/exact", http.StatusOK, long[:maxHeld], maxHeld},
+		{"/long", http.StatusOK, "x" + long, -1},
+		{"/flushed", http.StatusOK, "early late", -1},
+	} {
+		resp, err := client.Get("http://" + addr + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != tc.status || string(b) != tc.body {
+			t.Errorf("%s: %d %.40q %v; want %d %.40q", tc.path, resp.StatusCode, b, err, tc.status, tc.body)
+		}
+		chunked := len(resp.TransferEncoding) == 1 && resp.TransferEncoding[0] == "chunked"
+		if resp.ContentLength != tc.length || chunked != (tc.length < 0) {
+			t.Errorf("%s: Content-Length %d, Transfer-Encoding %v; want length %d", tc.path, resp.ContentLength, resp.TransferEncoding, tc.length)
+		}
+		if resp.Header.Get("X-Late") != "" {
+			t.Errorf("%s: a header set after WriteHeader was sent", tc.path)
+		}
+	}
+}
+
 // TestClientLeavingCancels: a client that closes its connection ends its
 // request's context, whether it leaves while the handler runs or before,
 // with epoll (Linux) and with the goroutine watch.
