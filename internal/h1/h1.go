@@ -374,6 +374,9 @@ func skipHeader(name string) bool {
 // readResponse reads the response headers, skipping informational (1xx)
 // responses.
 func (c *conn) readResponse(req *http.Request) (*http.Response, error) {
+	if resp, ok := readFastResponse(c.br, req); ok {
+		return resp, nil
+	}
 	for {
 		resp, err := http.ReadResponse(c.br, req)
 		if err != nil {
