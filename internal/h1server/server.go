@@ -14,6 +14,7 @@ package h1server
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -315,6 +316,17 @@ func (c *conn) hangup() {
 	}
 }
 
+// headerBuffered reports whether br holds a whole request header.
+func headerBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.Contains(b, []byte("\r\n\r\n"))
+}
+
+// bodyBuffered reports whether br holds the whole body of req, just read.
+func bodyBuffered(br *bufio.Reader, req *request) bool {
+	return req.body.done || (!req.chunked && req.body.left >= 0 && int64(br.Buffered()) >= req.body.left)
+}
+
 // takeWatch reports whether the request just served started a watch, and
 // clears it.
 func (c *conn) takeWatch() bool {
@@ -359,7 +371,12 @@ func (c *conn) serve() {
 			return
 		}
 		c.idle.Store(false)
-		if !first {
+		// A request that came whole needs no other deadline: nothing is
+		// read from the connection until the next wait sets one. Each
+		// deadline set costs a timer update in the runtime. (With epoll
+		// only: the goroutine watch reads the connection meanwhile.)
+		whole := c.epoll && headerBuffered(c.br)
+		if !first && !whole {
 			_ = c.nc.SetReadDeadline(time.Now().Add(c.s.readHeaderTimeout()))
 		}
 		first = false
@@ -370,7 +387,9 @@ func (c *conn) serve() {
 			}
 			return
 		}
-		_ = c.nc.SetReadDeadline(time.Time{})
+		if !whole || !bodyBuffered(c.br, req) {
+			_ = c.nc.SetReadDeadline(time.Time{})
+		}
 		if c.s.afterRead != nil {
 			c.s.afterRead(c)
 		}

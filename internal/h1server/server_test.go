@@ -457,3 +457,40 @@ func FuzzParseRequest(f *testing.F) {
 		_, _ = io.Copy(io.Discard, r.body) // reading the body never panics
 	})
 }
+
+// TestDeadlinesOutlived: a handler that runs longer than the idle and
+// read-header timeouts leaves its connection usable for the next request
+// (the deadline of the wait for its request passed while it ran), and a
+// body read after that time still arrives.
+func TestDeadlinesOutlived(t *testing.T) {
+	const timeout = 50 * time.Millisecond
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-time.After(3 * timeout) // the subject: time passing beyond the deadlines
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "%s %d", r.URL.Path, len(b))
+	})
+	_, addr := startServer(t, &Server{Handler: h, IdleTimeout: timeout, ReadHeaderTimeout: timeout})
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	var addrs []string
+	for i, body := range []string{"", "small", strings.Repeat("b", 64<<10)} {
+		trace := &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) { addrs = append(addrs, ci.Conn.LocalAddr().String()) }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), http.MethodPost, fmt.Sprintf("http://%s/%d", addr, i), strings.NewReader(body))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := fmt.Sprintf("/%d %d", i, len(body)); resp.StatusCode != http.StatusOK || string(b) != want {
+			t.Fatalf("request %d: %d %q, want %q", i, resp.StatusCode, b, want)
+		}
+	}
+	if addrs[0] != addrs[1] {
+		t.Errorf("the second request came on a new connection (%v): the first one did not survive its handler", addrs)
+	}
+}
