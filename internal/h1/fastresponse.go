@@ -3,6 +3,7 @@ package h1
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 	"net/textproto"
@@ -70,15 +71,10 @@ func parseFastResponse(block string, req *http.Request) (*http.Response, bool) {
 	values := make([]string, n)
 	for i := 0; rest != ""; i++ {
 		line, rest, _ = strings.Cut(rest, "\r\n")
-		name, value, ok := strings.Cut(line, ":")
-		if !ok || !ValidToken(name) {
+		key, value, err := ParseField(line)
+		if err != nil {
 			return nil, false // also a continuation line, which starts with a space
 		}
-		value = strings.Trim(value, " \t")
-		if !ValidValue(value) {
-			return nil, false
-		}
-		key := textproto.CanonicalMIMEHeaderKey(name)
 		switch key {
 		case "Transfer-Encoding", "Trailer", "Pragma":
 			return nil, false // framing, trailers, header rewriting: ReadResponse's
@@ -87,12 +83,7 @@ func parseFastResponse(block string, req *http.Request) (*http.Response, bool) {
 				return nil, false
 			}
 		}
-		if vs, seen := h[key]; seen {
-			h[key] = append(vs, value)
-		} else {
-			values[i] = value
-			h[key] = values[i : i+1 : i+1]
-		}
+		AddField(h, values, i, key, value)
 	}
 	cl := h["Content-Length"]
 	if len(cl) != 1 {
@@ -149,6 +140,40 @@ func lowerASCII(c byte) byte {
 		return c + 'a' - 'A'
 	}
 	return c
+}
+
+// Errors of ParseField.
+var (
+	ErrFieldLine  = errors.New("malformed header line")
+	ErrFieldValue = errors.New("invalid character in a header value")
+)
+
+// ParseField splits a header line "Name: value" (without its line end)
+// into its canonical name and its value without surrounding blanks, or
+// fails with ErrFieldLine (no colon, a name that is not a token) or
+// ErrFieldValue (a control character in the value).
+func ParseField(line string) (key, value string, err error) {
+	name, value, ok := strings.Cut(line, ":")
+	if !ok || !ValidToken(name) {
+		return "", "", ErrFieldLine
+	}
+	value = strings.Trim(value, " \t")
+	if !ValidValue(value) {
+		return "", "", ErrFieldValue
+	}
+	return textproto.CanonicalMIMEHeaderKey(name), value, nil
+}
+
+// AddField adds the value of header line i to h. A name's first value is
+// a slice of values (one slot per line, made by the caller) so that a
+// header of n lines costs one slice, not n.
+func AddField(h http.Header, values []string, i int, key, value string) {
+	if vs, seen := h[key]; seen {
+		h[key] = append(vs, value)
+		return
+	}
+	values[i] = value
+	h[key] = values[i : i+1 : i+1]
 }
 
 // lengthBody is a Content-Length body; it reports io.EOF with its last

@@ -47,9 +47,35 @@ func BenchmarkParseRequest(b *testing.B) {
 	}
 }
 
+// onBothServers runs one sub-benchmark per server, h1server and net/http's
+// (the baseline, same run), each serving h on a loopback port; call gets
+// the server's base URL and a keep-alive client for b.Loop.
+func onBothServers(b *testing.B, h http.Handler, call func(b *testing.B, client *http.Client, base string)) {
+	for _, server := range []string{"net-http", "h1server"} {
+		b.Run(server, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			var srv interface {
+				Serve(net.Listener) error
+				Close() error
+			} = &Server{Handler: h}
+			if server == "net-http" {
+				srv = &http.Server{Handler: h}
+			}
+			go func() { _ = srv.Serve(ln) }()
+			defer srv.Close()
+			client := &http.Client{Transport: &http.Transport{}}
+			defer client.CloseIdleConnections()
+			b.ReportAllocs()
+			call(b, client, "http://"+ln.Addr().String())
+		})
+	}
+}
+
 // BenchmarkStream: a handler that flushes 13 events of 220 bytes each,
-// read whole by a keep-alive net/http client, on this server and on
-// net/http's (the baseline, same run).
+// read whole by a keep-alive net/http client, on both servers.
 func BenchmarkStream(b *testing.B) {
 	event := []byte("data: " + strings.Repeat("x", 212) + "\n\n")
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -60,43 +86,23 @@ func BenchmarkStream(b *testing.B) {
 			_ = rc.Flush()
 		}
 	})
-	for _, server := range []string{"net-http", "h1server"} {
-		b.Run(server, func(b *testing.B) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
+	onBothServers(b, h, func(b *testing.B, client *http.Client, base string) {
+		for b.Loop() {
+			resp, err := client.Get(base + "/")
 			if err != nil {
 				b.Fatal(err)
 			}
-			var srv interface {
-				Serve(net.Listener) error
-				Close() error
-			} = &Server{Handler: h}
-			if server == "net-http" {
-				srv = &http.Server{Handler: h}
+			n, _ := io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if n != 13*int64(len(event)) {
+				b.Fatalf("read %d bytes", n)
 			}
-			go func() { _ = srv.Serve(ln) }()
-			defer srv.Close()
-			client := &http.Client{Transport: &http.Transport{}}
-			defer client.CloseIdleConnections()
-			url := "http://" + ln.Addr().String() + "/"
-			b.ReportAllocs()
-			for b.Loop() {
-				resp, err := client.Get(url)
-				if err != nil {
-					b.Fatal(err)
-				}
-				n, _ := io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if n != 13*int64(len(event)) {
-					b.Fatalf("read %d bytes", n)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // BenchmarkServeJSON: a small POST answered with 600 bytes and a
-// Content-Length, over one keep-alive connection, on this server and on
-// net/http's (the baseline, same run).
+// Content-Length, over one keep-alive connection, on both servers.
 func BenchmarkServeJSON(b *testing.B) {
 	answer := []byte(strings.Repeat("j", 600))
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -106,36 +112,17 @@ func BenchmarkServeJSON(b *testing.B) {
 		_, _ = w.Write(answer)
 	})
 	body := strings.Repeat("q", 300)
-	for _, server := range []string{"net-http", "h1server"} {
-		b.Run(server, func(b *testing.B) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
+	onBothServers(b, h, func(b *testing.B, client *http.Client, base string) {
+		for b.Loop() {
+			resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 			if err != nil {
 				b.Fatal(err)
 			}
-			var srv interface {
-				Serve(net.Listener) error
-				Close() error
-			} = &Server{Handler: h}
-			if server == "net-http" {
-				srv = &http.Server{Handler: h}
+			n, _ := io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if n != int64(len(answer)) {
+				b.Fatalf("read %d bytes", n)
 			}
-			go func() { _ = srv.Serve(ln) }()
-			defer srv.Close()
-			client := &http.Client{Transport: &http.Transport{}}
-			defer client.CloseIdleConnections()
-			url := "http://" + ln.Addr().String() + "/v1/chat/completions"
-			b.ReportAllocs()
-			for b.Loop() {
-				resp, err := client.Post(url, "application/json", strings.NewReader(body))
-				if err != nil {
-					b.Fatal(err)
-				}
-				n, _ := io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if n != int64(len(answer)) {
-					b.Fatalf("read %d bytes", n)
-				}
-			}
-		})
-	}
+		}
+	})
 }

@@ -14,7 +14,6 @@ package h1server
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,7 +23,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/textproto"
 	"net/url"
 	"runtime/debug"
 	"strconv"
@@ -254,9 +252,10 @@ type conn struct {
 	watchBuf []byte
 	ahead    []byte
 
-	scratch scratch
-	remote  string // remoteAddr's
-	heldBuf []byte // responses' held bodies, one after the other
+	scratch      scratch
+	remote       string // remoteAddr's
+	heldBuf      []byte // responses' held bodies, one after the other
+	nextDeadline int    // what Read sets before reading the connection
 }
 
 type watchResult struct {
@@ -265,15 +264,34 @@ type watchResult struct {
 }
 
 // Read is the connection's reader for bufio: what the watcher read comes
-// first. Only the connection's goroutine calls it.
+// first. Only the connection's goroutine calls it. It sets the read
+// deadline that nextDeadline asks for just before reading the connection:
+// a request that came whole in the wait's read is parsed, and its body
+// read, without another deadline set (each costs a timer update in the
+// runtime), and nothing reads the connection again before the next wait
+// sets one.
 func (c *conn) Read(p []byte) (int, error) {
 	if len(c.ahead) > 0 {
 		n := copy(p, c.ahead)
 		c.ahead = c.ahead[n:]
 		return n, nil
 	}
+	switch c.nextDeadline {
+	case deadlineHeader:
+		_ = c.nc.SetReadDeadline(time.Now().Add(c.s.readHeaderTimeout()))
+	case deadlineNone:
+		_ = c.nc.SetReadDeadline(time.Time{})
+	}
+	c.nextDeadline = deadlineKeep
 	return c.nc.Read(p)
 }
+
+// The read deadlines Read sets before it next reads the connection.
+const (
+	deadlineKeep   = iota // the one set
+	deadlineHeader        // the rest of a request's header: ReadHeaderTimeout
+	deadlineNone          // a body: none
+)
 
 // startWatch has the watcher read on once the request's body has ended.
 func (c *conn) startWatch() {
@@ -316,17 +334,6 @@ func (c *conn) hangup() {
 	}
 }
 
-// headerBuffered reports whether br holds a whole request header.
-func headerBuffered(br *bufio.Reader) bool {
-	b, _ := br.Peek(br.Buffered())
-	return bytes.Contains(b, []byte("\r\n\r\n"))
-}
-
-// bodyBuffered reports whether br holds the whole body of req, just read.
-func bodyBuffered(br *bufio.Reader, req *request) bool {
-	return req.body.done || (!req.chunked && req.body.left >= 0 && int64(br.Buffered()) >= req.body.left)
-}
-
 // takeWatch reports whether the request just served started a watch, and
 // clears it.
 func (c *conn) takeWatch() bool {
@@ -361,6 +368,7 @@ func (c *conn) serve() {
 			timeout = c.s.readHeaderTimeout()
 		}
 		_ = c.nc.SetReadDeadline(time.Now().Add(timeout))
+		c.nextDeadline = deadlineKeep
 		if watched {
 			r := <-c.watchRes
 			if r.n == 0 {
@@ -371,13 +379,8 @@ func (c *conn) serve() {
 			return
 		}
 		c.idle.Store(false)
-		// A request that came whole needs no other deadline: nothing is
-		// read from the connection until the next wait sets one. Each
-		// deadline set costs a timer update in the runtime. (With epoll
-		// only: the goroutine watch reads the connection meanwhile.)
-		whole := c.epoll && headerBuffered(c.br)
-		if !first && !whole {
-			_ = c.nc.SetReadDeadline(time.Now().Add(c.s.readHeaderTimeout()))
+		if !first { // the first wait's deadline was the read-header one
+			c.nextDeadline = deadlineHeader
 		}
 		first = false
 		req, status, err := c.readRequest()
@@ -387,8 +390,12 @@ func (c *conn) serve() {
 			}
 			return
 		}
-		if !whole || !bodyBuffered(c.br, req) {
+		c.nextDeadline = deadlineNone // for a body read from the connection
+		if !c.epoll {
+			// The goroutine watch reads the connection itself, past
+			// Read: its read must not meet the header's deadline.
 			_ = c.nc.SetReadDeadline(time.Time{})
+			c.nextDeadline = deadlineKeep
 		}
 		if c.s.afterRead != nil {
 			c.s.afterRead(c)
@@ -599,22 +606,12 @@ func parseRequest(br *bufio.Reader, maxHeader int, c *conn) (*request, int, erro
 		block, values := string(raw), make([]string, len(ends))
 		start := 0
 		for i, end := range ends {
-			name, value, ok := strings.Cut(block[start:end], ":")
+			key, value, err := h1.ParseField(block[start:end])
 			start = end
-			if !ok || name == "" || !h1.ValidToken(name) {
-				return nil, http.StatusBadRequest, errors.New("malformed header line")
+			if err != nil {
+				return nil, http.StatusBadRequest, err
 			}
-			value = strings.Trim(value, " \t")
-			if !h1.ValidValue(value) {
-				return nil, http.StatusBadRequest, errors.New("invalid character in a header value")
-			}
-			key := textproto.CanonicalMIMEHeaderKey(name)
-			if vs, seen := h[key]; seen {
-				h[key] = append(vs, value)
-			} else {
-				values[i] = value
-				h[key] = values[i : i+1 : i+1]
-			}
+			h1.AddField(h, values, i, key, value)
 		}
 	}
 	r := &request{proto11: proto11, head: method == http.MethodHead}

@@ -494,3 +494,26 @@ func TestDeadlinesOutlived(t *testing.T) {
 		t.Errorf("the second request came on a new connection (%v): the first one did not survive its handler", addrs)
 	}
 }
+
+// TestSlowHeaderCut: a keep-alive client that starts its next request and
+// stalls in the header is cut after ReadHeaderTimeout, not IdleTimeout.
+func TestSlowHeaderCut(t *testing.T) {
+	_, addr := startServer(t, &Server{Handler: echo, ReadHeaderTimeout: 100 * time.Millisecond, IdleTimeout: time.Minute})
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	br := bufio.NewReader(nc)
+	_, _ = io.WriteString(nc, "GET /1 HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_, _ = io.WriteString(nc, "GET /2 HTTP/1.1\r\nHost: x\r\n") // and nothing more
+	_ = nc.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if n, err := br.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("stalled header: read %d, %v; want the server to close the connection", n, err)
+	}
+}
