@@ -530,7 +530,16 @@ func fill(res *Result, cfg Config, stats []workerStats, elapsed time.Duration, p
 
 // warmUp has every worker take and release a key of its own once, all at
 // the same time (see Config.Warmup).
+// warmUpTimeout bounds the warm-up.
+const warmUpTimeout = 30 * time.Second
+
 func warmUp(ctx context.Context, mutexes []Mutex, runID string) error {
+	// A deadline, as the measured loop has: a context that can be cancelled
+	// but has none would move a rueidis client to background reading for
+	// good (see lock/redis callCtx), penalising the algorithms on rueidis
+	// for the harness's choice rather than their own.
+	ctx, cancel := context.WithTimeout(ctx, warmUpTimeout)
+	defer cancel()
 	errs := make([]error, len(mutexes))
 	var wg sync.WaitGroup
 	for w, m := range mutexes {

@@ -228,9 +228,9 @@ func (b *Backend) runAcquire(ctx context.Context, key, token, entry string, ttl 
 		mayBeQueued = "1"
 	}
 	args := []string{token, strconv.FormatInt(ttl.Milliseconds(), 10), waiterLease, entry, mayBeQueued}
-	vals, err := acquireScript.Exec(ctx, b.c, []string{b.Key(key)}, args).ToArray()
+	vals, err := acquireScript.Exec(callCtx(ctx), b.c, []string{b.Key(key)}, args).ToArray()
 	if err != nil {
-		return reply{}, fmt.Errorf("lock: redis acquire %q: %w", key, err)
+		return reply{}, fmt.Errorf("lock: redis acquire %q: %w", key, callErr(ctx, err))
 	}
 	var r reply
 	if len(vals) < 3 {
@@ -473,9 +473,9 @@ func (b *Backend) runRelease(ctx context.Context, key, token, entry string, pass
 		args[4] = strconv.FormatInt(pass.ttl.Milliseconds(), 10)
 		args[5] = strconv.FormatInt(passLimit.Microseconds(), 10)
 	}
-	vals, err := releaseScript.Exec(ctx, b.c, []string{b.Key(key)}, args).ToArray()
+	vals, err := releaseScript.Exec(callCtx(ctx), b.c, []string{b.Key(key)}, args).ToArray()
 	if err != nil {
-		return releaseReply{}, fmt.Errorf("lock: redis release %q: %w", key, err)
+		return releaseReply{}, fmt.Errorf("lock: redis release %q: %w", key, callErr(ctx, err))
 	}
 	var r releaseReply
 	if len(vals) == 0 {
@@ -507,9 +507,9 @@ func (b *Backend) release(ctx context.Context, key, token, entry string) error {
 // Extend resets token's lease on key to ttl from now.
 func (b *Backend) Extend(ctx context.Context, key, token string, ttl time.Duration) (time.Time, error) {
 	start := time.Now()
-	n, err := extendScript.Exec(ctx, b.c, []string{b.Key(key)}, []string{token, strconv.FormatInt(ttl.Milliseconds(), 10)}).AsInt64()
+	n, err := extendScript.Exec(callCtx(ctx), b.c, []string{b.Key(key)}, []string{token, strconv.FormatInt(ttl.Milliseconds(), 10)}).AsInt64()
 	if err != nil {
-		return time.Time{}, fmt.Errorf("lock: redis extend %q: %w", key, err)
+		return time.Time{}, fmt.Errorf("lock: redis extend %q: %w", key, callErr(ctx, err))
 	}
 	if n == 0 {
 		return time.Time{}, lock.ErrNotHeld
@@ -520,9 +520,9 @@ func (b *Backend) Extend(ctx context.Context, key, token string, ttl time.Durati
 // Waiters returns how many waiters are queued in Redis for key (live or not
 // yet evicted).
 func (b *Backend) Waiters(ctx context.Context, key string) (int, error) {
-	n, err := b.c.Do(ctx, b.c.B().Zcard().Key(b.Key(key)+":q").Build()).AsInt64()
+	n, err := b.c.Do(callCtx(ctx), b.c.B().Zcard().Key(b.Key(key)+":q").Build()).AsInt64()
 	if err != nil {
-		return 0, fmt.Errorf("lock: redis waiters %q: %w", key, err)
+		return 0, fmt.Errorf("lock: redis waiters %q: %w", key, callErr(ctx, err))
 	}
 	return int(n), nil
 }

@@ -949,3 +949,80 @@ func TestAcquireWithoutPubSubPermission(t *testing.T) {
 		t.Errorf("Acquire took %v to report it", d)
 	}
 }
+
+// backgroundPipes counts the rueidis connections that run background
+// reader and writer goroutines.
+func backgroundPipes() int {
+	buf := make([]byte, 1<<20)
+	n := runtime.Stack(buf, true)
+	return strings.Count(string(buf[:n]), "rueidis.(*pipe)._backgroundWrite")
+}
+
+// A caller whose context can be cancelled but has no deadline (a signal
+// context, say) keeps its client's connection on rueidis's fast path, where
+// a command is written and its reply read by the calling goroutine; only
+// the wake-up subscription's dedicated connection runs in the background.
+func TestCancellableContextKeepsFastPath(t *testing.T) {
+	c := testutil.StartRedis(t).Client(t)
+	b := redis.New(c, redis.Config{})
+	l := lock.New(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := newKey(t)
+	for range 3 {
+		lease, err := l.Acquire(ctx, key, lock.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Waiters(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Extend(ctx, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 1: the subscription, which also shows that the count sees such
+	// connections at all.
+	if n := backgroundPipes(); n != 1 {
+		t.Fatalf("%d connections in background mode, want 1 (the subscription's)", n)
+	}
+}
+
+// On the fast path a cancel cannot interrupt a command in flight, so a
+// command gets no more than a second when the caller's context has no
+// deadline: a Redis that stops answering gives a clear error, not a hang,
+// and the client recovers once Redis answers again.
+func TestUnansweredCommandBounded(t *testing.T) {
+	r := testutil.StartRedis(t)
+	c := r.Client(t)
+	l := lock.New(redis.New(c, redis.Config{}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := newKey(t)
+	lease, err := l.TryAcquire(ctx, key, lock.Options{}) // connects
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := r.Do(testCtx(t, 5*time.Second), "CLIENT", "PAUSE", "1500", "ALL"); err != nil || line != "+OK" {
+		t.Fatalf("CLIENT PAUSE: %q, %v", line, err)
+	}
+	_, err = l.TryAcquire(ctx, key, lock.Options{})
+	if err == nil || !strings.Contains(err.Error(), "no reply from Redis within 1s") {
+		t.Fatalf("TryAcquire while Redis is paused = %v, want a no-reply error", err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("error %v says the caller's context ended; it did not", err)
+	}
+	// After the pause, on a new connection.
+	lease, err = l.TryAcquire(testCtx(t, 10*time.Second), key, lock.Options{})
+	if err != nil {
+		t.Fatalf("TryAcquire after the pause: %v", err)
+	}
+	_ = lease.Release(ctx)
+}
