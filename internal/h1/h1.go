@@ -219,7 +219,11 @@ func (t *Transport) dial(ctx context.Context, h *host, u *url.URL) (*conn, error
 		}
 		nc = tc
 	}
-	c := &conn{t: t, h: h, nc: nc, bw: bufio.NewWriterSize(nc, 4096)}
+	c := &conn{t: t, h: h, nc: nc}
+	if sc, ok := nc.(syscall.Conn); ok { // plain TCP, not TLS
+		c.raw, _ = sc.SyscallConn()
+	}
+	c.bw = bufio.NewWriterSize(connWriter{c}, 4096)
 	c.br = bufio.NewReaderSize(countingReader{c}, 4096)
 	return c, nil
 }
@@ -264,12 +268,33 @@ type conn struct {
 	nc        net.Conn
 	br        *bufio.Reader
 	bw        *bufio.Writer
-	reused    bool      // it served a request before this one
-	idleSince time.Time // when it went back to the pool
-	read      int64     // bytes read since the current request was written
+	reused    bool            // it served a request before this one
+	idleSince time.Time       // when it went back to the pool
+	read      int64           // bytes read since the current request was written
+	raw       syscall.RawConn // nc's, if it is a plain socket (see writeAwait)
+	await     bool            // the next write ends a request: writeAwait it
 }
 
 func (c *conn) close() { _ = c.nc.Close() }
+
+// connWriter writes to c's connection; the write that ends a request also
+// waits for the answer to start (writeAwait), which saves the read that
+// would find nothing yet.
+type connWriter struct{ c *conn }
+
+func (w connWriter) Write(p []byte) (int, error) {
+	c := w.c
+	n := 0
+	if c.await && c.raw != nil {
+		c.await = false
+		n = writeAwait(c.raw, p)
+		if n == len(p) {
+			return n, nil
+		}
+	}
+	m, err := c.nc.Write(p[n:])
+	return n + m, err
+}
 
 // countingReader reads from c's connection, counting into c.read.
 type countingReader struct{ c *conn }
@@ -359,7 +384,10 @@ func (c *conn) writeRequest(req *http.Request) error {
 	} else {
 		w.WriteString("\r\n")
 	}
-	return w.Flush()
+	c.await = true
+	err := w.Flush()
+	c.await = false
+	return err
 }
 
 // skipHeader names the headers the transport writes itself or never sends.
