@@ -528,11 +528,11 @@ func fill(res *Result, cfg Config, stats []workerStats, elapsed time.Duration, p
 	}
 }
 
-// warmUp has every worker take and release a key of its own once, all at
-// the same time (see Config.Warmup).
 // warmUpTimeout bounds the warm-up.
 const warmUpTimeout = 30 * time.Second
 
+// warmUp has every worker take and release a key of its own once, all at
+// the same time (see Config.Warmup).
 func warmUp(ctx context.Context, mutexes []Mutex, runID string) error {
 	// A deadline, as the measured loop has: a context that can be cancelled
 	// but has none would move a rueidis client to background reading for
