@@ -33,13 +33,21 @@ const (
 // usage its requests are still recording in the background.
 type benchGateway struct {
 	http.Handler
-	gw *gateway.Gateway
+	gw             *gateway.Gateway
+	requestTimeout time.Duration
 }
+
+// RequestTimeout is the gateway's bound on a request, which llmgate serve
+// has its server set.
+func (b benchGateway) RequestTimeout() time.Duration { return b.requestTimeout }
 
 // Drain waits until every request answered so far has been recorded.
 func (b benchGateway) Drain(ctx context.Context) error { return b.gw.Close(ctx) }
 
-var _ gatewaybench.Drainer = benchGateway{}
+var (
+	_ gatewaybench.Drainer        = benchGateway{}
+	_ gatewaybench.RequestBounder = benchGateway{}
+)
 
 // benchConfig is the configuration of a benchmark gateway: the built-in
 // defaults, store, one OpenAI-type provider at upstreamBaseURL serving the
@@ -114,5 +122,5 @@ func (a *App) benchGatewayFactory(ctx context.Context, variant, store, upstreamB
 		s.close()
 		_ = os.RemoveAll(dir)
 	}
-	return benchGateway{Handler: s.gw.Handler(), gw: s.gw}, release, nil
+	return benchGateway{Handler: s.gw.Handler(), gw: s.gw, requestTimeout: cfg.RequestTimeout}, release, nil
 }

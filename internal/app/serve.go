@@ -156,7 +156,7 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 		fmt.Fprintf(a.Stderr, "llmgate serve: cannot listen on %s: %v\n", cfg.Listen, err)
 		return exitFailure
 	}
-	srv := newHTTPServer(cfg.HTTPServer, s.gw.Handler(), log)
+	srv := newHTTPServer(cfg.HTTPServer, s.gw.Handler(), cfg.RequestTimeout, log)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("llmgate gateway listening", "addr", "http://"+ln.Addr().String()+"/v1", "store", storeurl.Redact(cfg.Store), "http_server", cfg.HTTPServer)
@@ -188,7 +188,9 @@ type httpServer interface {
 }
 
 // newHTTPServer returns the server http_server names (validated already).
-func newHTTPServer(kind string, h http.Handler, log *slog.Logger) httpServer {
+// h1server bounds each request by requestTimeout, the gateway's own
+// bound, so that the gateway need not add a context of its own.
+func newHTTPServer(kind string, h http.Handler, requestTimeout time.Duration, log *slog.Logger) httpServer {
 	const readHeader, idle = 10 * time.Second, 2 * time.Minute
 	if kind == config.HTTPServerNetHTTP {
 		return &http.Server{
@@ -198,7 +200,7 @@ func newHTTPServer(kind string, h http.Handler, log *slog.Logger) httpServer {
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
 	}
-	return &h1server.Server{Handler: h, ReadHeaderTimeout: readHeader, IdleTimeout: idle, Logger: log}
+	return &h1server.Server{Handler: h, ReadHeaderTimeout: readHeader, IdleTimeout: idle, RequestTimeout: requestTimeout, Logger: log}
 }
 
 func newLogger(w io.Writer, c config.Log) *slog.Logger {
@@ -324,7 +326,7 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err 
 		return nil, err
 	}
 	opt := gateway.Options{
-		Route:          cfg.Targets,
+		Route:          cfg.Router(),
 		Limiter:        limiter,
 		Budgets:        budgets,
 		Upstream:       up,

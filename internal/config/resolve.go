@@ -320,6 +320,37 @@ func (c *Config) Targets(model string) (targets []string, ok bool) {
 	return nil, false
 }
 
+// Router returns Targets as a lookup in a table built now, for every model
+// name Targets knows: the gateway routes each request, and Targets builds
+// its answer anew each time. The slices it returns are shared: callers must
+// not modify them. c must not change afterwards.
+func (c *Config) Router() func(model string) ([]string, bool) {
+	table := make(map[string][]string)
+	add := func(name string) {
+		if _, done := table[name]; done {
+			return
+		}
+		if targets, ok := c.Targets(name); ok {
+			table[name] = targets
+		}
+	}
+	for _, a := range c.Models {
+		add(a.Name)
+	}
+	for _, p := range c.Providers {
+		for _, m := range p.Models {
+			add(m)
+			add(p.Name + "/" + m)
+		}
+	}
+	return func(model string) ([]string, bool) {
+		if targets, ok := table[model]; ok {
+			return targets, true
+		}
+		return nil, false // Targets knows no other name
+	}
+}
+
 // HashKey returns the lowercase hex SHA-256 of a bearer token: what
 // api_key_sha256 holds and what TenantKeys is keyed by.
 func HashKey(token string) string {

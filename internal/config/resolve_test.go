@@ -206,6 +206,7 @@ models:
   - {name: smart, targets: [b/gpt-4o-mini, a/gpt-4o]}
   - {name: gpt-4o-mini, targets: [a/gpt-4o]}
 `, nil)
+	route := c.Router()
 	for _, tc := range []struct {
 		model string
 		want  []string
@@ -226,6 +227,10 @@ models:
 		got, ok := c.Targets(tc.model)
 		if ok != tc.ok || !slices.Equal(got, tc.want) {
 			t.Errorf("Targets(%q) = %q, %v; want %q, %v", tc.model, got, ok, tc.want, tc.ok)
+		}
+		// Router is the same answer from a table.
+		if got, ok := route(tc.model); ok != tc.ok || !slices.Equal(got, tc.want) {
+			t.Errorf("Router()(%q) = %q, %v; want %q, %v", tc.model, got, ok, tc.want, tc.ok)
 		}
 	}
 	got, _ := c.Targets("smart")

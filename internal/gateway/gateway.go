@@ -107,7 +107,8 @@ type Model struct {
 type Options struct {
 	Deployments []Deployment
 	// Route returns the ordered route targets ("provider/model") for a
-	// model name a client sends; false when the model is unknown.
+	// model name a client sends; false when the model is unknown. The
+	// gateway never modifies the slice (it may be shared).
 	Route func(model string) ([]string, bool)
 	// Models is what GET /v1/models lists (filtered per tenant).
 	Models []Model

@@ -84,8 +84,14 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoi
 	g.pending.Add(1)
 	defer g.pending.Done()
 	defer g.record(r, c, ep)
-	ctx, cancel := context.WithTimeout(r.Context(), g.opt.RequestTimeout)
-	defer cancel()
+	ctx := r.Context()
+	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > g.opt.RequestTimeout {
+		// The server did not bound the request as closely already (an
+		// h1server with RequestTimeout does: one context less).
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.opt.RequestTimeout)
+		defer cancel()
+	}
 
 	cache, fl, aerr := g.prepare(w, r, ep, c)
 	if aerr != nil {

@@ -119,6 +119,13 @@ type Drainer interface {
 	Drain(ctx context.Context) error
 }
 
+// RequestBounder is a handler that bounds each request's time itself and
+// lets the server set that bound instead (h1server.Server.RequestTimeout,
+// as llmgate serve configures it).
+type RequestBounder interface {
+	RequestTimeout() time.Duration
+}
+
 // Config describes one benchmark run.
 type Config struct {
 	// Duration is how long each cell runs. Default DefaultDuration.

@@ -67,7 +67,11 @@ func (b *bench) serveLoopback(part string, h http.Handler) (string, error) {
 // serveLoopbackLean is serveLoopback with internal/h1server for a server,
 // what llmgate serve runs by default.
 func (b *bench) serveLoopbackLean(part string, h http.Handler) (string, error) {
-	return b.serveOn(part, &h1server.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second})
+	srv := &h1server.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	if rb, ok := h.(RequestBounder); ok {
+		srv.RequestTimeout = rb.RequestTimeout()
+	}
+	return b.serveOn(part, srv)
 }
 
 // server is what serveOn needs of an HTTP server.

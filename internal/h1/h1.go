@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -62,7 +63,17 @@ type Transport struct {
 	IdleTimeout time.Duration
 
 	hosts sync.Map // scheme://host:port -> *host
+	// byURL finds a request's host without making its key: a lookup by
+	// the URL's scheme and host as written, copied on write. It holds at
+	// most maxByURL entries (the rest go through hosts).
+	byURL atomic.Pointer[map[urlHost]*host]
 }
+
+// urlHost is a URL's scheme and host as written.
+type urlHost struct{ scheme, host string }
+
+// maxByURL bounds Transport.byURL.
+const maxByURL = 256
 
 // host is one scheme://host:port the transport talks to.
 type host struct {
@@ -87,11 +98,10 @@ var errNoBytes = errors.New("h1: connection closed before the response")
 // the end or closed: that returns the connection to the idle pool (or
 // closes it). Cancelling req's context aborts the call at any point.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	key, ok := t.handles(req)
-	if !ok {
+	if !t.handles(req) {
 		return t.Fallback.RoundTrip(req)
 	}
-	h, err := t.host(key, req)
+	h, err := t.hostOf(req)
 	if err != nil {
 		closeBody(req)
 		return nil, err
@@ -125,20 +135,44 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// handles reports whether the transport serves req itself, and its host
-// key.
-func (t *Transport) handles(req *http.Request) (string, bool) {
+// handles reports whether the transport serves req itself.
+func (t *Transport) handles(req *http.Request) bool {
 	u := req.URL
 	if u == nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", false
+		return false
 	}
 	if req.Body != nil && req.Body != http.NoBody && req.ContentLength <= 0 {
-		return "", false // unknown length: chunked request bodies are Fallback's
+		return false // unknown length: chunked request bodies are Fallback's
 	}
 	if req.Header.Get("Upgrade") != "" || req.Method == http.MethodConnect {
-		return "", false
+		return false
 	}
-	return u.Scheme + "://" + canonicalAddr(u), true
+	return true
+}
+
+// hostOf returns the host req goes to (one handles accepts).
+func (t *Transport) hostOf(req *http.Request) (*host, error) {
+	k := urlHost{req.URL.Scheme, req.URL.Host}
+	p := t.byURL.Load()
+	var known map[urlHost]*host
+	if p != nil {
+		known = *p
+	}
+	if h := known[k]; h != nil {
+		return h, nil
+	}
+	h, err := t.host(k.scheme+"://"+canonicalAddr(req.URL), req)
+	if err != nil || len(known) >= maxByURL {
+		return h, err
+	}
+	// Copy on write; losing a race only costs a later lookup through hosts.
+	next := make(map[urlHost]*host, len(known)+1)
+	for k, v := range known {
+		next[k] = v
+	}
+	next[k] = h
+	t.byURL.CompareAndSwap(p, &next)
+	return h, nil
 }
 
 // canonicalAddr is u's host:port, with the scheme's default port.

@@ -625,3 +625,42 @@ func TestValidToken(t *testing.T) {
 		t.Error("the empty string is a token")
 	}
 }
+
+// TestHostOf: a URL's host is found by its scheme and host as written, the
+// same for every spelling of one address, and the lookup table stays
+// bounded.
+func TestHostOf(t *testing.T) {
+	tr := &Transport{Proxy: func(*http.Request) (*url.URL, error) { return nil, nil }}
+	get := func(raw string) *host {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, raw, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := tr.hostOf(req)
+		if err != nil || h == nil {
+			t.Fatalf("hostOf(%s) = %v, %v", raw, h, err)
+		}
+		return h
+	}
+	a := get("http://127.0.0.1/v1/a")
+	if get("http://127.0.0.1:80/v1/b") != a || get("http://127.0.0.1/v1/c") != a {
+		t.Error("one address, spelled two ways, got two hosts")
+	}
+	if get("https://127.0.0.1/v1/a") == a {
+		t.Error("http and https share a host")
+	}
+	first := make(map[string]*host)
+	for i := range maxByURL + 50 {
+		raw := fmt.Sprintf("http://127.0.0.1:%d/", 10000+i)
+		first[raw] = get(raw)
+	}
+	for raw, h := range first {
+		if get(raw) != h {
+			t.Fatalf("%s: a second lookup found another host", raw)
+		}
+	}
+	if n := len(*tr.byURL.Load()); n > maxByURL {
+		t.Errorf("the lookup table holds %d entries; want at most %d", n, maxByURL)
+	}
+}

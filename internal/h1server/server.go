@@ -59,6 +59,13 @@ type Server struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds a request's line and headers (431 above).
 	MaxHeaderBytes int
+	// RequestTimeout, if positive, is the deadline of each request's
+	// context, counted from when its handler starts. A handler that would
+	// bound its requests itself (the gateway does) can use it instead of a
+	// context of its own: one context less per request. The context of a
+	// request whose client left then ends with context.Canceled as its
+	// cause (without a deadline, the cause says the client left).
+	RequestTimeout time.Duration
 	// Logger receives handler panics. Default: discarded.
 	Logger *slog.Logger
 
@@ -244,9 +251,12 @@ type conn struct {
 	watchMu  sync.Mutex // protects gone, watching and cancel
 	gone     bool       // the client left
 	watching bool       // the current request started a watch
-	cancel   context.CancelCauseFunc
-	watchReq chan struct{}    // to the watcher: read on; made with the watcher
-	watchRes chan watchResult // from the watcher: what it read
+	// cancel ends the running request's context: cancelCause when it has
+	// no deadline (its cause then says the client left), else cancel.
+	cancelCause context.CancelCauseFunc
+	cancel      context.CancelFunc
+	watchReq    chan struct{}    // to the watcher: read on; made with the watcher
+	watchRes    chan watchResult // from the watcher: what it read
 	// watchBuf is what the watcher reads into; ahead is what of it the
 	// connection's reader has not taken yet. The channels hand it over.
 	watchBuf []byte
@@ -329,8 +339,17 @@ func (c *conn) hangup() {
 	c.watchMu.Lock()
 	defer c.watchMu.Unlock()
 	c.gone = true
-	if c.cancel != nil {
-		c.cancel(errClientGone)
+	c.cancelRequest()
+}
+
+// cancelRequest ends the running request's context, if any; watchMu must
+// be held.
+func (c *conn) cancelRequest() {
+	switch {
+	case c.cancelCause != nil:
+		c.cancelCause(errClientGone)
+	case c.cancel != nil:
+		c.cancel()
 	}
 }
 
@@ -411,28 +430,39 @@ func (c *conn) serve() {
 // serveRequest runs the handler on req and reports whether the connection
 // may serve another request.
 func (c *conn) serveRequest(req *request) (keepAlive bool) {
-	ctx, cancel := context.WithCancelCause(context.Background())
+	var ctx context.Context
+	var cancel context.CancelFunc
+	var cancelCause context.CancelCauseFunc
+	if t := c.s.RequestTimeout; t > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), t)
+	} else {
+		ctx, cancelCause = context.WithCancelCause(context.Background())
+	}
 	c.watchMu.Lock()
-	c.cancel = cancel
+	c.cancel, c.cancelCause = cancel, cancelCause
 	if c.gone { // it left before its request ran
-		cancel(errClientGone)
+		c.cancelRequest()
 	}
 	c.watchMu.Unlock()
 	hr := req.http.WithContext(ctx)
 	w := &response{c: c, req: req, header: make(http.Header, 16), status: http.StatusOK}
-	req.body.onEOF = c.startWatch
+	req.body.watchOnEOF = true
 	if req.body.done {
 		c.startWatch()
 	}
 	panicked := c.runHandler(w, hr)
 	c.watchMu.Lock()
-	c.cancel = nil
+	c.cancel, c.cancelCause = nil, nil
+	gone := c.gone
 	c.watchMu.Unlock()
-	gone := context.Cause(ctx) == errClientGone
 	// The answer ends before the context does: what its end sets off
 	// (AfterFuncs, children's cancellations) is not the client's wait.
 	finished := !panicked && !gone && w.finish()
-	cancel(context.Canceled)
+	if cancel != nil {
+		cancel()
+	} else {
+		cancelCause(context.Canceled)
+	}
 	if !finished {
 		return false
 	}
@@ -491,7 +521,8 @@ func (c *conn) writeError(status int, msg string) {
 // request is a parsed request and what the server needs to know of it.
 type request struct {
 	http      http.Request // the handler gets a copy with the request's context
-	body      *body
+	body      *body        // &bodyStore: one allocation for both
+	bodyStore body
 	chunked   bool
 	keepAlive bool
 	expect    bool // Expect: 100-continue, not answered yet
@@ -654,7 +685,8 @@ func parseRequest(br *bufio.Reader, maxHeader int, c *conn) (*request, int, erro
 		}
 		r.expect = proto11 && (n != 0)
 	}
-	b := &body{c: c, req: r, r: br, left: n}
+	r.bodyStore = body{c: c, req: r, r: br, left: n}
+	b := &r.bodyStore
 	switch {
 	case r.chunked:
 		b.r = httputil.NewChunkedReader(br)
@@ -702,15 +734,17 @@ func statusFor(err error) int {
 }
 
 // body is a request body. It answers Expect: 100-continue on its first
-// read, and starts the watch (onEOF) when it ends.
+// read, and starts the connection's watch when it ends (watchOnEOF).
 type body struct {
-	c     *conn
-	req   *request
-	r     io.Reader // the connection's reader, or a chunked reader over it
-	left  int64     // what is still to come of a Content-Length body; -1 chunked
-	done  bool      // its end was read
-	onEOF func()
-	err   error
+	c    *conn
+	req  *request
+	r    io.Reader // the connection's reader, or a chunked reader over it
+	left int64     // what is still to come of a Content-Length body; -1 chunked
+	done bool      // its end was read
+	// watchOnEOF: its end starts c's watch (a flag, not a func: a method
+	// value would be made, and allocated, per request).
+	watchOnEOF bool
+	err        error
 }
 
 func (b *body) Read(p []byte) (int, error) {
@@ -746,8 +780,8 @@ func (b *body) Read(p []byte) (int, error) {
 	switch {
 	case err == io.EOF:
 		b.done = true
-		if b.onEOF != nil {
-			b.onEOF()
+		if b.watchOnEOF {
+			b.c.startWatch()
 		}
 	case err != nil:
 		b.err = err

@@ -286,18 +286,54 @@ func TestFraming(t *testing.T) {
 
 // TestClientLeavingCancels: a client that closes its connection ends its
 // request's context, whether it leaves while the handler runs or before,
-// with epoll (Linux) and with the goroutine watch.
+// with epoll (Linux) and with the goroutine watch, and whether the context
+// has a deadline (RequestTimeout) or not.
 func TestClientLeavingCancels(t *testing.T) {
-	for _, noEpoll := range []bool{false, true} {
-		for _, early := range []bool{false, true} {
-			t.Run(fmt.Sprintf("noEpoll=%v/early=%v", noEpoll, early), func(t *testing.T) {
-				testClientLeaving(t, noEpoll, early)
-			})
+	for _, timeout := range []time.Duration{0, time.Minute} {
+		for _, noEpoll := range []bool{false, true} {
+			for _, early := range []bool{false, true} {
+				t.Run(fmt.Sprintf("timeout=%v/noEpoll=%v/early=%v", timeout, noEpoll, early), func(t *testing.T) {
+					testClientLeaving(t, timeout, noEpoll, early)
+				})
+			}
 		}
 	}
 }
 
-func testClientLeaving(t *testing.T, noEpoll, early bool) {
+// TestRequestTimeout: RequestTimeout is each request's context deadline,
+// counted from its handler's start, and ends the context when it passes.
+func TestRequestTimeout(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	type result struct {
+		left time.Duration // deadline - handler start
+		err  error         // the context's error once done
+	}
+	results := make(chan result, 1)
+	_, addr := startServer(t, &Server{RequestTimeout: timeout, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		dl, ok := r.Context().Deadline()
+		if !ok {
+			results <- result{err: errors.New("no deadline")}
+			return
+		}
+		<-r.Context().Done()
+		results <- result{left: dl.Sub(start), err: r.Context().Err()}
+	})})
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	res := <-results
+	if !errors.Is(res.err, context.DeadlineExceeded) {
+		t.Fatalf("context ended with %v; want its deadline", res.err)
+	}
+	if res.left > timeout || res.left < timeout/2 {
+		t.Fatalf("deadline %v after the handler started; want %v", res.left, timeout)
+	}
+}
+
+func testClientLeaving(t *testing.T, timeout time.Duration, noEpoll, early bool) {
 	entered, cancelled := make(chan struct{}), make(chan error, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
@@ -310,7 +346,7 @@ func testClientLeaving(t *testing.T, noEpoll, early bool) {
 		}
 	})
 	var nc net.Conn
-	s := &Server{Handler: h, noEpoll: noEpoll}
+	s := &Server{Handler: h, noEpoll: noEpoll, RequestTimeout: timeout}
 	if early {
 		// The client leaves after sending its request and before its
 		// handler runs; with epoll the server learns it in between.
@@ -338,8 +374,12 @@ func testClientLeaving(t *testing.T, noEpoll, early bool) {
 		<-entered
 		nc.Close()
 	}
-	if err := <-cancelled; !errors.Is(err, errClientGone) {
-		t.Fatalf("context ended with %v; want the client's leaving", err)
+	want := errClientGone // the cause, without a deadline
+	if timeout > 0 {
+		want = context.Canceled
+	}
+	if err := <-cancelled; !errors.Is(err, want) {
+		t.Fatalf("context ended with %v; want %v", err, want)
 	}
 }
 
