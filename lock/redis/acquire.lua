@@ -28,7 +28,10 @@
 --                                        reported to the queue head only (-1 otherwise)
 -- Time comes from the server only.
 local L, token = KEYS[1], ARGV[1]
-if redis.call('SET', L, token, 'NX', 'PX', ARGV[2]) then
+-- With GET, a failed SET NX returns the value it found: one call fewer on
+-- every contended attempt (Redis and Valkey 7+).
+local v = redis.call('SET', L, token, 'NX', 'PX', ARGV[2], 'GET')
+if not v then
   -- Free, so nobody is queued (waiters keep L in the long form).
   if ARGV[5] == '1' then
     -- Unless L vanished under them (an eviction, an outside DEL): leave.
@@ -45,7 +48,6 @@ local entry = ARGV[4]
 
 local now_us = time_us()
 local now_ms = math.floor(now_us / 1000)
-local v = redis.call('GET', L)
 if not string.find(v, ':', 1, true) then
   local left = redis.call('PTTL', L)
   if ARGV[3] == '0' and v ~= token then
@@ -108,8 +110,10 @@ elseif redis.call('ZRANK', q, entry) == 0 then
   is_head = 1
 end
 -- The queue outlives its last live waiter by a little, then vanishes. Only
--- ever lengthen it: other waiters may have longer leases than ours.
-if qttl < 2 * lease then
+-- ever lengthen it: other waiters may have longer leases than ours. It is
+-- lengthened to 2 leases once it has less than 1.5 left (it needs 1: our
+-- entry's): a lengthening every half lease, not on nearly every call.
+if qttl < 1.5 * lease then
   redis.call('PEXPIRE', q, 2 * lease)
   redis.call('PEXPIRE', l, 2 * lease)
 end

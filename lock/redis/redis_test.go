@@ -1026,3 +1026,82 @@ func TestUnansweredCommandBounded(t *testing.T) {
 	}
 	_ = lease.Release(ctx)
 }
+
+// TestQueueOutlivesItsWaiters: while waiters renew their places, the queue
+// keys (which expire so that an abandoned queue vanishes) always live at
+// least as long as every queued entry's lease, whatever mix of waiter
+// leases is queued; and the waiters keep their places.
+func TestQueueOutlivesItsWaiters(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ctx := testCtx(t, 30*time.Second)
+	observer := r.Client(t)
+	key := newKey(t)
+	holder := newLocker(t, r)
+	lease, err := holder.TryAcquire(ctx, key, lock.Options{TTL: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := []time.Duration{300 * time.Millisecond, 1500 * time.Millisecond, 300 * time.Millisecond}
+	var chs []<-chan acquired
+	for _, wl := range leases {
+		chs = append(chs, acquireAsync(ctx, newLocker(t, r), key, lock.Options{TTL: 5 * time.Second, WaiterLease: wl, Fair: true}))
+	}
+	L := lockKey(defaultPrefix, key)
+	// One atomic look: the server's time, the queue keys' TTLs, the leases.
+	snapshot := `local t = redis.call('TIME')
+return {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), redis.call('PTTL', KEYS[1] .. ':q'), redis.call('PTTL', KEYS[1] .. ':l'), redis.call('ZRANGE', KEYS[1] .. ':l', 0, -1, 'WITHSCORES')}`
+	look := func() (nowMs, qttl, lttl int64, expiries []int64) {
+		vals, err := observer.Do(ctx, observer.B().Eval().Script(snapshot).Numkeys(1).Key(L).Build()).ToArray()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nowMs, _ = vals[0].AsInt64()
+		qttl, _ = vals[1].AsInt64()
+		lttl, _ = vals[2].AsInt64()
+		entries, _ := vals[3].ToArray()
+		for i := 1; i < len(entries); i += 2 {
+			s, _ := entries[i].ToString()
+			e, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				t.Fatalf("lease score %q: %v", s, err)
+			}
+			expiries = append(expiries, int64(e))
+		}
+		return nowMs, qttl, lttl, expiries
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, _, _, e := look(); len(e) == len(leases) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("waiters did not queue")
+		}
+		runtime.Gosched()
+	}
+	// Watch for four of the longest lease: every waiter renews many times.
+	samples := 0
+	for end := time.Now().Add(4 * leases[1]); time.Now().Before(end); samples++ {
+		now, qttl, lttl, expiries := look()
+		if len(expiries) != len(leases) {
+			t.Fatalf("after %d samples: %d entries queued, want %d", samples, len(expiries), len(leases))
+		}
+		for _, e := range expiries {
+			if now+qttl < e || now+lttl < e {
+				t.Fatalf("after %d samples: an entry's lease ends at %d ms, the queue keys at %d and %d", samples, e, now+qttl, now+lttl)
+			}
+		}
+		<-time.After(5 * time.Millisecond) // a sampling interval, not a synchronisation
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range chs {
+		a := <-ch
+		if a.err != nil {
+			t.Fatalf("waiter %d: %v", i, a.err)
+		}
+		if err := a.lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
