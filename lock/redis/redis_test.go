@@ -1042,9 +1042,18 @@ func TestQueueOutlivesItsWaiters(t *testing.T) {
 		t.Fatal(err)
 	}
 	leases := []time.Duration{300 * time.Millisecond, 1500 * time.Millisecond, 300 * time.Millisecond}
-	var chs []<-chan acquired
+	// Each waiter releases as soon as it holds the lock: they are served in
+	// the order they queued, which is not the order they were started in.
+	done := make(chan error, len(leases))
 	for _, wl := range leases {
-		chs = append(chs, acquireAsync(ctx, newLocker(t, r), key, lock.Options{TTL: 5 * time.Second, WaiterLease: wl, Fair: true}))
+		l := newLocker(t, r)
+		go func() {
+			a, err := l.Acquire(ctx, key, lock.Options{TTL: 5 * time.Second, WaiterLease: wl, Fair: true})
+			if err == nil {
+				err = a.Release(ctx)
+			}
+			done <- err
+		}()
 	}
 	L := lockKey(defaultPrefix, key)
 	// One atomic look: the server's time, the queue keys' TTLs, the leases.
@@ -1095,13 +1104,9 @@ return {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), redis.call('P
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for i, ch := range chs {
-		a := <-ch
-		if a.err != nil {
-			t.Fatalf("waiter %d: %v", i, a.err)
-		}
-		if err := a.lease.Release(ctx); err != nil {
-			t.Fatal(err)
+	for range leases {
+		if err := <-done; err != nil {
+			t.Fatalf("a waiter: %v", err)
 		}
 	}
 }
