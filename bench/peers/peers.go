@@ -23,10 +23,11 @@ var (
 	_ lockbench.Pinger = (*redsyncMutex)(nil)
 	_ lockbench.Pinger = (*redislockMutex)(nil)
 	_ lockbench.Pinger = rueidislockMutex{}
+	_ lockbench.Pinger = (*handoffMutex)(nil)
 )
 
 func peerAlgos() []lockbench.Algo {
-	return []lockbench.Algo{goredisPoll(), redsyncAlgo(), redislockAlgo(), rueidislockAlgo()}
+	return []lockbench.Algo{goredisPoll(), redsyncAlgo(), redislockAlgo(), rueidislockAlgo(), handoffAlgo()}
 }
 
 // openGoRedis connects a go-redis client and makes sure it is connected, so
