@@ -21,35 +21,30 @@ import (
 // no hash tags: what is left is what a strict cross-process hand-off
 // cannot do without. Compare its Redis time per critical section with
 // llmgate's to price the features.
+// handOn is the end of a release: pass the lock to the head waiter and wake
+// it, or free it.
+const handOn = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local n = redis.call('LPOP', KEYS[1] .. ':q')
+if n then
+  redis.call('SET', KEYS[1], n, 'PX', ARGV[2])
+  redis.call('LPUSH', KEYS[1] .. ':w:' .. n, '1')
+  return 2
+end
+redis.call('DEL', KEYS[1])
+return 1`
+
 var (
 	handoffAcquire = rueidis.NewLuaScript(`
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 redis.call('RPUSH', KEYS[1] .. ':q', ARGV[1])
 return 0`)
-	handoffRelease = rueidis.NewLuaScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local n = redis.call('LPOP', KEYS[1] .. ':q')
-if n then
-  redis.call('SET', KEYS[1], n, 'PX', ARGV[2])
-  redis.call('LPUSH', KEYS[1] .. ':w:' .. n, '1')
-  return 2
-end
-redis.call('DEL', KEYS[1])
-return 1`)
+	handoffRelease = rueidis.NewLuaScript(handOn)
 	// handoffLeave takes a waiter whose context ended out of the queue and
 	// passes on a lock handed to it meanwhile.
 	handoffLeave = rueidis.NewLuaScript(`
 redis.call('LREM', KEYS[1] .. ':q', 0, ARGV[1])
-redis.call('DEL', KEYS[1] .. ':w:' .. ARGV[1])
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-local n = redis.call('LPOP', KEYS[1] .. ':q')
-if n then
-  redis.call('SET', KEYS[1], n, 'PX', ARGV[2])
-  redis.call('LPUSH', KEYS[1] .. ':w:' .. n, '1')
-  return 2
-end
-redis.call('DEL', KEYS[1])
-return 1`)
+redis.call('DEL', KEYS[1] .. ':w:' .. ARGV[1])` + handOn)
 )
 
 func handoffAlgo() lockbench.Algo {
@@ -89,14 +84,7 @@ func (m *handoffMutex) Lock(ctx context.Context, key string) (func(context.Conte
 		}
 	}
 	return func(ctx context.Context) error {
-		n, err := handoffRelease.Exec(ctx, m.c, []string{key}, []string{token, m.ttl}).AsInt64()
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return lock.ErrNotHeld
-		}
-		return nil
+		return lockbench.Released(handoffRelease.Exec(ctx, m.c, []string{key}, []string{token, m.ttl}).AsInt64())
 	}, nil
 }
 

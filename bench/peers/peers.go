@@ -85,14 +85,7 @@ func (m *goredisPollMutex) Lock(ctx context.Context, key string) (func(context.C
 		err := m.c.SetArgs(ctx, key, token, goredis.SetArgs{Mode: "NX", TTL: m.ttl}).Err()
 		if err == nil {
 			return func(ctx context.Context) error {
-				n, err := m.release.Run(ctx, m.c, []string{key}, token).Int64()
-				if err != nil {
-					return err
-				}
-				if n == 0 {
-					return lock.ErrNotHeld
-				}
-				return nil
+				return lockbench.Released(m.release.Run(ctx, m.c, []string{key}, token).Int64())
 			}, nil
 		}
 		if !errors.Is(err, goredis.Nil) {

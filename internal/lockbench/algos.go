@@ -103,6 +103,18 @@ const CompareAndDelete = `if redis.call('get', KEYS[1]) == ARGV[1] then return r
 
 var compareAndDelete = rueidis.NewLuaScript(CompareAndDelete)
 
+// Released turns a release script's reply (0: the lock was not ours) into
+// Mutex's release error.
+func Released(n int64, err error) error {
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return lock.ErrNotHeld
+	}
+	return nil
+}
+
 type pollMutex struct {
 	c     rueidis.Client
 	ttlMs int64
@@ -115,14 +127,7 @@ func (m *pollMutex) Lock(ctx context.Context, key string) (func(context.Context)
 		err := m.c.Do(ctx, m.c.B().Set().Key(key).Value(token).Nx().PxMilliseconds(m.ttlMs).Build()).Error()
 		if err == nil {
 			return func(ctx context.Context) error {
-				n, err := compareAndDelete.Exec(ctx, m.c, []string{key}, []string{token}).AsInt64()
-				if err != nil {
-					return err
-				}
-				if n == 0 {
-					return lock.ErrNotHeld
-				}
-				return nil
+				return Released(compareAndDelete.Exec(ctx, m.c, []string{key}, []string{token}).AsInt64())
 			}, nil
 		}
 		if !rueidis.IsRedisNil(err) {
