@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -15,20 +17,31 @@ import (
 
 // The minimal hand-off lock: a measuring stick for lock/redis's fair mode,
 // not a lock to use. A waiter joins a list; the release pops its head, makes
-// it the owner and wakes it through its own list (BLPOP). It has no fencing
+// it the owner and wakes it: through the waiter's own list, on which it
+// sits in BLPOP (handoff-min), or with a Pub/Sub message to its own channel
+// (handoff-min-pubsub, the way lock/redis wakes waiters). It has no fencing
 // tokens, no waiter leases (a waiter that dies while queued is handed the
 // lock anyway, and the queue stalls for a TTL), no lost-wake-up recovery and
 // no hash tags: what is left is what a strict cross-process hand-off
-// cannot do without. Compare its Redis time per critical section with
-// llmgate's to price the features.
+// cannot do without. Compare its Redis and client time per critical section
+// with llmgate's to price the features.
+//
+// A queue entry is "waiter:token": waiter names the Mutex to wake (its list
+// L:w:waiter, or its channel handoff-min:w:waiter), token this acquisition.
+
 // handOn is the end of a release: pass the lock to the head waiter and wake
-// it, or free it.
+// it (ARGV[3] "pub": by Pub/Sub), or free it.
 const handOn = `
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local n = redis.call('LPOP', KEYS[1] .. ':q')
 if n then
   redis.call('SET', KEYS[1], n, 'PX', ARGV[2])
-  redis.call('LPUSH', KEYS[1] .. ':w:' .. n, '1')
+  local w = string.match(n, '^([^:]+):')
+  if ARGV[3] == 'pub' then
+    redis.call('PUBLISH', 'handoff-min:w:' .. w, '1')
+  else
+    redis.call('LPUSH', KEYS[1] .. ':w:' .. w, '1')
+  end
   return 2
 end
 redis.call('DEL', KEYS[1])
@@ -40,22 +53,30 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 redis.call('RPUSH', KEYS[1] .. ':q', ARGV[1])
 return 0`)
 	handoffRelease = rueidis.NewLuaScript(handOn)
-	// handoffLeave takes a waiter whose context ended out of the queue and
-	// passes on a lock handed to it meanwhile.
+	// handoffLeave takes a waiter whose context ended out of the queue, drops
+	// a wake-up sent to it, and passes on a lock handed to it meanwhile.
 	handoffLeave = rueidis.NewLuaScript(`
 redis.call('LREM', KEYS[1] .. ':q', 0, ARGV[1])
-redis.call('DEL', KEYS[1] .. ':w:' .. ARGV[1])` + handOn)
+redis.call('DEL', KEYS[1] .. ':w:' .. string.match(ARGV[1], '^([^:]+):'))` + handOn)
 )
 
-func handoffAlgo() lockbench.Algo {
+func handoffAlgo(pubsub bool) lockbench.Algo {
+	name, wake := "handoff-min", "BLPOP wake-ups"
+	if pubsub {
+		name, wake = "handoff-min-pubsub", "Pub/Sub wake-ups"
+	}
 	return lockbench.Algo{
-		Name:    "handoff-min",
-		Summary: "measuring stick: FIFO hand-off in Lua, BLPOP wake-ups, no fences or waiter leases (rueidis)",
+		Name:    name,
+		Summary: "measuring stick: FIFO hand-off in Lua, " + wake + ", no fences or waiter leases (rueidis)",
 		Fair:    true, // always FIFO: --fair changes nothing
 		Open: func(_ context.Context, s lockbench.Setup) (lockbench.Factory, func() error, error) {
 			ttl := strconv.FormatInt(s.TTL.Milliseconds(), 10)
 			return lockbench.SharedOrOwn(s, storeurl.OpenRedis, func(c rueidis.Client) (lockbench.Mutex, error) {
-				return &handoffMutex{c: c, ttl: ttl, timeout: s.TTL}, nil
+				m := &handoffMutex{c: c, ttl: ttl, timeout: s.TTL, waiter: strings.ReplaceAll(lock.NewToken()[:12], ":", "")}
+				if pubsub {
+					return m, m.subscribe()
+				}
+				return m, nil
 			})
 		},
 	}
@@ -65,30 +86,103 @@ type handoffMutex struct {
 	c       rueidis.Client
 	ttl     string
 	timeout time.Duration
+	waiter  string
+
+	// Pub/Sub only: wake gets a value per message; stop ends the subscription.
+	wake chan struct{}
+	stop context.CancelFunc
+}
+
+// subscribe starts the Mutex's subscription and waits until it is active.
+func (m *handoffMutex) subscribe() error {
+	m.wake = make(chan struct{}, 1)
+	ctx, stop := context.WithCancel(context.Background())
+	m.stop = stop
+	active := make(chan struct{})
+	ch := "handoff-min:w:" + m.waiter
+	go func() {
+		_ = m.c.Receive(ctx, m.c.B().Subscribe().Channel(ch).Build(), func(rueidis.PubSubMessage) {
+			select {
+			case m.wake <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	go func() { // Receive has no "subscribed" signal: ask the server
+		defer close(active)
+		for ctx.Err() == nil {
+			v, err := m.c.Do(ctx, m.c.B().PubsubNumsub().Channel(ch).Build()).ToArray()
+			if err == nil && len(v) == 2 {
+				if n, _ := v[1].AsInt64(); n > 0 {
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	select {
+	case <-active:
+		return nil
+	case <-time.After(5 * time.Second):
+		stop()
+		return fmt.Errorf("handoff-min-pubsub: subscription to %s not active after 5s", ch)
+	}
 }
 
 func (m *handoffMutex) Lock(ctx context.Context, key string) (func(context.Context) error, error) {
-	token := lock.NewToken()
-	n, err := handoffAcquire.Exec(ctx, m.c, []string{key}, []string{token, m.ttl}).AsInt64()
+	entry := m.waiter + ":" + lock.NewToken()
+	mode := "list"
+	if m.wake != nil {
+		mode = "pub"
+		select { // a wake-up left over from an entry that gave up
+		case <-m.wake:
+		default:
+		}
+	}
+	n, err := handoffAcquire.Exec(ctx, m.c, []string{key}, []string{entry, m.ttl}).AsInt64()
 	if err != nil {
 		return nil, err
 	}
 	if n == 0 {
-		// A crashed holder is not covered: the BLPOP gives up after a TTL.
-		cmd := m.c.B().Blpop().Key(key + ":w:" + token).Timeout(m.timeout.Seconds()).Build()
-		if err := m.c.Do(ctx, cmd).Error(); err != nil {
+		// A crashed holder is not covered: the wait gives up after a TTL.
+		if err := m.await(ctx, key); err != nil {
 			leave, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_ = handoffLeave.Exec(leave, m.c, []string{key}, []string{token, m.ttl}).Error()
+			_ = handoffLeave.Exec(leave, m.c, []string{key}, []string{entry, m.ttl, mode}).Error()
 			return nil, errors.Join(lock.ErrNotObtained, err)
 		}
 	}
 	return func(ctx context.Context) error {
-		return lockbench.Released(handoffRelease.Exec(ctx, m.c, []string{key}, []string{token, m.ttl}).AsInt64())
+		return lockbench.Released(handoffRelease.Exec(ctx, m.c, []string{key}, []string{entry, m.ttl, mode}).AsInt64())
 	}, nil
 }
 
-func (m *handoffMutex) Close() error { return nil }
+// await waits for the wake-up of the queued entry.
+func (m *handoffMutex) await(ctx context.Context, key string) error {
+	if m.wake == nil {
+		return m.c.Do(ctx, m.c.B().Blpop().Key(key+":w:"+m.waiter).Timeout(m.timeout.Seconds()).Build()).Error()
+	}
+	t := time.NewTimer(m.timeout)
+	defer t.Stop()
+	select {
+	case <-m.wake:
+		return nil
+	case <-t.C:
+		return errors.New("handoff-min-pubsub: no wake-up within a TTL")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (m *handoffMutex) Close() error {
+	if m.stop != nil {
+		m.stop()
+	}
+	return nil
+}
 
 func (m *handoffMutex) Ping(ctx context.Context) error {
 	return m.c.Do(ctx, m.c.B().Ping().Build()).Error()
