@@ -29,6 +29,20 @@ import (
 // A queue entry is "waiter:token": waiter names the Mutex to wake (its list
 // L:w:waiter, or its channel handoff-min:w:waiter), token this acquisition.
 
+// fence mints a fencing token as lock/redis does (fence.lua), when ARGV[4]
+// is "1": max(last + 1, the server's µs), kept 7 days.
+const fenceLua = `
+local function fence()
+  if ARGV[4] ~= '1' then return 0 end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('SET', KEYS[1] .. ':f', string.format('%d', now), 'PX', '604800000', 'GET') or '0') or 0
+  if last < now then return now end
+  redis.call('SET', KEYS[1] .. ':f', string.format('%d', last + 1), 'PX', '604800000')
+  return last + 1
+end
+`
+
 // handOn is the end of a release: pass the lock to the head waiter and wake
 // it (ARGV[3] "pub": by Pub/Sub), or free it.
 const handOn = `
@@ -36,6 +50,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local n = redis.call('LPOP', KEYS[1] .. ':q')
 if n then
   redis.call('SET', KEYS[1], n, 'PX', ARGV[2])
+  fence()
   local w = string.match(n, '^([^:]+):')
   if ARGV[3] == 'pub' then
     redis.call('PUBLISH', 'handoff-min:w:' .. w, '1')
@@ -48,31 +63,37 @@ redis.call('DEL', KEYS[1])
 return 1`
 
 var (
-	handoffAcquire = rueidis.NewLuaScript(`
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+	handoffAcquire = rueidis.NewLuaScript(fenceLua + `
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then fence() return 1 end
 redis.call('RPUSH', KEYS[1] .. ':q', ARGV[1])
 return 0`)
-	handoffRelease = rueidis.NewLuaScript(handOn)
+	handoffRelease = rueidis.NewLuaScript(fenceLua + handOn)
 	// handoffLeave takes a waiter whose context ended out of the queue, drops
 	// a wake-up sent to it, and passes on a lock handed to it meanwhile.
-	handoffLeave = rueidis.NewLuaScript(`
+	handoffLeave = rueidis.NewLuaScript(fenceLua + `
 redis.call('LREM', KEYS[1] .. ':q', 0, ARGV[1])
 redis.call('DEL', KEYS[1] .. ':w:' .. string.match(ARGV[1], '^([^:]+):'))` + handOn)
 )
 
-func handoffAlgo(pubsub bool) lockbench.Algo {
-	name, wake := "handoff-min", "BLPOP wake-ups"
+func handoffAlgo(pubsub, fence bool) lockbench.Algo {
+	name, wake, fences := "handoff-min", "BLPOP wake-ups", "no fences"
 	if pubsub {
 		name, wake = "handoff-min-pubsub", "Pub/Sub wake-ups"
 	}
+	if fence {
+		name, fences = name+"-fence", "fences as lock/redis mints them"
+	}
 	return lockbench.Algo{
 		Name:    name,
-		Summary: "measuring stick: FIFO hand-off in Lua, " + wake + ", no fences or waiter leases (rueidis)",
+		Summary: "measuring stick: FIFO hand-off in Lua, " + wake + ", " + fences + ", no waiter leases (rueidis)",
 		Fair:    true, // always FIFO: --fair changes nothing
 		Open: func(_ context.Context, s lockbench.Setup) (lockbench.Factory, func() error, error) {
 			ttl := strconv.FormatInt(s.TTL.Milliseconds(), 10)
 			return lockbench.SharedOrOwn(s, storeurl.OpenRedis, func(c rueidis.Client) (lockbench.Mutex, error) {
-				m := &handoffMutex{c: c, ttl: ttl, timeout: s.TTL, waiter: strings.ReplaceAll(lock.NewToken()[:12], ":", "")}
+				m := &handoffMutex{c: c, ttl: ttl, timeout: s.TTL, waiter: strings.ReplaceAll(lock.NewToken()[:12], ":", ""), fence: "0"}
+				if fence {
+					m.fence = "1"
+				}
 				if pubsub {
 					return m, m.subscribe()
 				}
@@ -87,6 +108,7 @@ type handoffMutex struct {
 	ttl     string
 	timeout time.Duration
 	waiter  string
+	fence   string // "1": mint fencing tokens
 
 	// Pub/Sub only: wake gets a value per message; stop ends the subscription.
 	wake chan struct{}
@@ -142,7 +164,7 @@ func (m *handoffMutex) Lock(ctx context.Context, key string) (func(context.Conte
 		default:
 		}
 	}
-	n, err := handoffAcquire.Exec(ctx, m.c, []string{key}, []string{entry, m.ttl}).AsInt64()
+	n, err := handoffAcquire.Exec(ctx, m.c, []string{key}, []string{entry, m.ttl, "", m.fence}).AsInt64()
 	if err != nil {
 		return nil, err
 	}
@@ -151,12 +173,12 @@ func (m *handoffMutex) Lock(ctx context.Context, key string) (func(context.Conte
 		if err := m.await(ctx, key); err != nil {
 			leave, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_ = handoffLeave.Exec(leave, m.c, []string{key}, []string{entry, m.ttl, mode}).Error()
+			_ = handoffLeave.Exec(leave, m.c, []string{key}, []string{entry, m.ttl, mode, m.fence}).Error()
 			return nil, errors.Join(lock.ErrNotObtained, err)
 		}
 	}
 	return func(ctx context.Context) error {
-		return lockbench.Released(handoffRelease.Exec(ctx, m.c, []string{key}, []string{entry, m.ttl, mode}).AsInt64())
+		return lockbench.Released(handoffRelease.Exec(ctx, m.c, []string{key}, []string{entry, m.ttl, mode, m.fence}).AsInt64())
 	}, nil
 }
 

@@ -27,7 +27,7 @@ var (
 )
 
 func peerAlgos() []lockbench.Algo {
-	return []lockbench.Algo{goredisPoll(), redsyncAlgo(), redislockAlgo(), rueidislockAlgo(), handoffAlgo(false), handoffAlgo(true)}
+	return []lockbench.Algo{goredisPoll(), redsyncAlgo(), redislockAlgo(), rueidislockAlgo(), handoffAlgo(false, false), handoffAlgo(true, false), handoffAlgo(false, true), handoffAlgo(true, true)}
 }
 
 // openGoRedis connects a go-redis client and makes sure it is connected, so
