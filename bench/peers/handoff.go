@@ -30,8 +30,15 @@ import (
 // L:w:waiter, or its channel handoff-min:w:waiter), token this acquisition.
 
 // fence mints a fencing token as lock/redis does (fence.lua), when ARGV[4]
-// is "1": max(last + 1, the server's µs), kept 7 days.
+// is "1": max(last + 1, the server's µs), kept 7 days. ARGV[5] is the
+// waiter lease in ms, "0" for none: with one, each queued entry has an
+// expiry in the zset L:l, renewed while it waits, and a hand-off skips
+// entries whose lease ran out (as lock/redis evicts dead waiters).
 const fenceLua = `
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local function fence()
   if ARGV[4] ~= '1' then return 0 end
   local t = redis.call('TIME')
@@ -48,6 +55,15 @@ end
 const handOn = `
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local n = redis.call('LPOP', KEYS[1] .. ':q')
+if ARGV[5] ~= '0' then
+  -- Waiter leases: skip (evict) heads whose lease ran out.
+  local l, now = KEYS[1] .. ':l', now_ms()
+  while n and tonumber(redis.call('ZSCORE', l, n) or '0') <= now do
+    redis.call('ZREM', l, n)
+    n = redis.call('LPOP', KEYS[1] .. ':q')
+  end
+  if n then redis.call('ZREM', l, n) end
+end
 if n then
   redis.call('SET', KEYS[1], n, 'PX', ARGV[2])
   fence()
@@ -66,16 +82,21 @@ var (
 	handoffAcquire = rueidis.NewLuaScript(fenceLua + `
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then fence() return 1 end
 redis.call('RPUSH', KEYS[1] .. ':q', ARGV[1])
+if ARGV[5] ~= '0' then redis.call('ZADD', KEYS[1] .. ':l', now_ms() + tonumber(ARGV[5]), ARGV[1]) end
 return 0`)
+	// handoffRenew renews a queued entry's lease (ARGV[5]).
+	handoffRenew = rueidis.NewLuaScript(fenceLua + `
+return redis.call('ZADD', KEYS[1] .. ':l', 'XX', now_ms() + tonumber(ARGV[5]), ARGV[1])`)
 	handoffRelease = rueidis.NewLuaScript(fenceLua + handOn)
 	// handoffLeave takes a waiter whose context ended out of the queue, drops
 	// a wake-up sent to it, and passes on a lock handed to it meanwhile.
 	handoffLeave = rueidis.NewLuaScript(fenceLua + `
 redis.call('LREM', KEYS[1] .. ':q', 0, ARGV[1])
+redis.call('ZREM', KEYS[1] .. ':l', ARGV[1])
 redis.call('DEL', KEYS[1] .. ':w:' .. string.match(ARGV[1], '^([^:]+):'))` + handOn)
 )
 
-func handoffAlgo(pubsub, fence bool) lockbench.Algo {
+func handoffAlgo(pubsub, fence, leases bool) lockbench.Algo {
 	name, wake, fences := "handoff-min", "BLPOP wake-ups", "no fences"
 	if pubsub {
 		name, wake = "handoff-min-pubsub", "Pub/Sub wake-ups"
@@ -83,9 +104,13 @@ func handoffAlgo(pubsub, fence bool) lockbench.Algo {
 	if fence {
 		name, fences = name+"-fence", "fences as lock/redis mints them"
 	}
+	waiters := "no waiter leases"
+	if leases {
+		name, waiters = name+"-leases", "waiter leases renewed every lease/3"
+	}
 	return lockbench.Algo{
 		Name:    name,
-		Summary: "measuring stick: FIFO hand-off in Lua, " + wake + ", " + fences + ", no waiter leases (rueidis)",
+		Summary: "measuring stick: FIFO hand-off in Lua, " + wake + ", " + fences + ", " + waiters + " (rueidis)",
 		Fair:    true, // always FIFO: --fair changes nothing
 		Open: func(_ context.Context, s lockbench.Setup) (lockbench.Factory, func() error, error) {
 			ttl := strconv.FormatInt(s.TTL.Milliseconds(), 10)
@@ -93,6 +118,9 @@ func handoffAlgo(pubsub, fence bool) lockbench.Algo {
 				m := &handoffMutex{c: c, ttl: ttl, timeout: s.TTL, waiter: strings.ReplaceAll(lock.NewToken()[:12], ":", ""), fence: "0"}
 				if fence {
 					m.fence = "1"
+				}
+				if leases {
+					m.lease = lock.DefaultWaiterLease
 				}
 				if pubsub {
 					return m, m.subscribe()
@@ -108,7 +136,8 @@ type handoffMutex struct {
 	ttl     string
 	timeout time.Duration
 	waiter  string
-	fence   string // "1": mint fencing tokens
+	fence   string        // "1": mint fencing tokens
+	lease   time.Duration // waiter lease, 0 for none
 
 	// Pub/Sub only: wake gets a value per message; stop ends the subscription.
 	wake chan struct{}
@@ -164,38 +193,71 @@ func (m *handoffMutex) Lock(ctx context.Context, key string) (func(context.Conte
 		default:
 		}
 	}
-	n, err := handoffAcquire.Exec(ctx, m.c, []string{key}, []string{entry, m.ttl, "", m.fence}).AsInt64()
+	n, err := handoffAcquire.Exec(ctx, m.c, []string{key}, m.args(entry, "")).AsInt64()
 	if err != nil {
 		return nil, err
 	}
 	if n == 0 {
 		// A crashed holder is not covered: the wait gives up after a TTL.
-		if err := m.await(ctx, key); err != nil {
+		if err := m.await(ctx, key, entry); err != nil {
 			leave, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_ = handoffLeave.Exec(leave, m.c, []string{key}, []string{entry, m.ttl, mode, m.fence}).Error()
+			_ = handoffLeave.Exec(leave, m.c, []string{key}, m.args(entry, mode)).Error()
 			return nil, errors.Join(lock.ErrNotObtained, err)
 		}
 	}
 	return func(ctx context.Context) error {
-		return lockbench.Released(handoffRelease.Exec(ctx, m.c, []string{key}, []string{entry, m.ttl, mode, m.fence}).AsInt64())
+		return lockbench.Released(handoffRelease.Exec(ctx, m.c, []string{key}, m.args(entry, mode)).AsInt64())
 	}, nil
 }
 
-// await waits for the wake-up of the queued entry.
-func (m *handoffMutex) await(ctx context.Context, key string) error {
-	if m.wake == nil {
-		return m.c.Do(ctx, m.c.B().Blpop().Key(key+":w:"+m.waiter).Timeout(m.timeout.Seconds()).Build()).Error()
+// args are the scripts' ARGV.
+func (m *handoffMutex) args(entry, mode string) []string {
+	return []string{entry, m.ttl, mode, m.fence, strconv.FormatInt(m.lease.Milliseconds(), 10)}
+}
+
+// await waits for the wake-up of the queued entry, renewing its lease (if
+// it has one) every third of it.
+func (m *handoffMutex) await(ctx context.Context, key, entry string) error {
+	deadline := time.Now().Add(m.timeout)
+	for {
+		step := time.Until(deadline)
+		if m.lease > 0 {
+			step = min(step, m.lease/3)
+		}
+		if step <= 0 {
+			return errors.New("handoff-min: no wake-up within a TTL")
+		}
+		woken, err := m.wait(ctx, key, step)
+		if woken || err != nil {
+			return err
+		}
+		if m.lease > 0 {
+			if err := handoffRenew.Exec(ctx, m.c, []string{key}, m.args(entry, "")).Error(); err != nil {
+				return err
+			}
+		}
 	}
-	t := time.NewTimer(m.timeout)
+}
+
+// wait waits up to d for a wake-up.
+func (m *handoffMutex) wait(ctx context.Context, key string, d time.Duration) (bool, error) {
+	if m.wake == nil {
+		err := m.c.Do(ctx, m.c.B().Blpop().Key(key+":w:"+m.waiter).Timeout(d.Seconds()).Build()).Error()
+		if rueidis.IsRedisNil(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-m.wake:
-		return nil
+		return true, nil
 	case <-t.C:
-		return errors.New("handoff-min-pubsub: no wake-up within a TTL")
+		return false, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 }
 

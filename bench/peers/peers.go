@@ -27,7 +27,7 @@ var (
 )
 
 func peerAlgos() []lockbench.Algo {
-	return []lockbench.Algo{goredisPoll(), redsyncAlgo(), redislockAlgo(), rueidislockAlgo(), handoffAlgo(false, false), handoffAlgo(true, false), handoffAlgo(false, true), handoffAlgo(true, true)}
+	return []lockbench.Algo{goredisPoll(), redsyncAlgo(), redislockAlgo(), rueidislockAlgo(), handoffAlgo(false, false, false), handoffAlgo(true, false, false), handoffAlgo(false, true, false), handoffAlgo(true, true, false), handoffAlgo(true, true, true)}
 }
 
 // openGoRedis connects a go-redis client and makes sure it is connected, so
