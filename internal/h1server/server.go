@@ -476,7 +476,7 @@ func (c *conn) serveRequest(req *request) (keepAlive bool) {
 		if req.expect {
 			return false
 		}
-		if n, err := io.CopyN(io.Discard, req.body, maxDiscard+1); err != io.EOF || n > maxDiscard {
+		if n, err := io.CopyN(io.Discard, &req.body, maxDiscard+1); err != io.EOF || n > maxDiscard {
 			return false
 		}
 	}
@@ -521,8 +521,7 @@ func (c *conn) writeError(status int, msg string) {
 // request is a parsed request and what the server needs to know of it.
 type request struct {
 	http      http.Request // the handler gets a copy with the request's context
-	body      *body        // &bodyStore: one allocation for both
-	bodyStore body
+	body      body         // in the request: one allocation for both
 	chunked   bool
 	keepAlive bool
 	expect    bool // Expect: 100-continue, not answered yet
@@ -685,15 +684,14 @@ func parseRequest(br *bufio.Reader, maxHeader int, c *conn) (*request, int, erro
 		}
 		r.expect = proto11 && (n != 0)
 	}
-	r.bodyStore = body{c: c, req: r, r: br, left: n}
-	b := &r.bodyStore
+	r.body = body{c: c, req: r, r: br, left: n}
+	b := &r.body
 	switch {
 	case r.chunked:
 		b.r = httputil.NewChunkedReader(br)
 	case n == 0:
 		b.done = true
 	}
-	r.body = b
 	var rb io.ReadCloser = b
 	if b.done {
 		rb = http.NoBody
