@@ -40,6 +40,13 @@ func (u cannedUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 	}, nil
 }
 
+// RoundTripWithin answers at once, so within any bound: the provider then
+// takes the path it takes on its default transport, h1's, which keeps the
+// bound in the connection's deadline (no timer).
+func (u cannedUpstream) RoundTripWithin(r *http.Request, _ time.Duration) (*http.Response, error) {
+	return u.RoundTrip(r)
+}
+
 const benchAnswer = `{"id":"chatcmpl-1","object":"chat.completion","created":1796167967,"model":"gpt-4.1-mini",` +
 	`"choices":[{"index":0,"message":{"role":"assistant","content":"Keeps token was but bright deadline is tenant replay few cache are quota runs fair and","refusal":null},` +
 	`"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":30,"completion_tokens":16,"total_tokens":46},"system_fingerprint":"fp_sim"}`

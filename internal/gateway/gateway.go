@@ -22,6 +22,7 @@ import (
 
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/dedup"
+	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/lock"
@@ -367,12 +368,12 @@ func (g *Gateway) authenticate(r *http.Request) (*Tenant, *apiError) {
 // bearer returns the token of an "Authorization: Bearer" header (also
 // accepting OpenAI's "api-key" header used by Azure SDKs).
 func bearer(r *http.Request) (string, bool) {
-	h := r.Header.Get("Authorization")
+	h := h1.Get(r.Header, "Authorization")
 	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
 		tok := strings.TrimSpace(h[7:])
 		return tok, tok != ""
 	}
-	if k := strings.TrimSpace(r.Header.Get("Api-Key")); k != "" {
+	if k := strings.TrimSpace(h1.Get(r.Header, "Api-Key")); k != "" {
 		return k, true
 	}
 	return "", false

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/tokens"
 	"github.com/llmgate/llmgate/ratelimit"
@@ -215,7 +216,7 @@ func (g *Gateway) tooLarge() *apiError {
 // readHints applies the x-llmgate-priority and x-llmgate-max-wait headers.
 func (g *Gateway) readHints(r *http.Request, c *call) *apiError {
 	c.priority = c.tenant.Priority
-	if p := r.Header.Get("X-Llmgate-Priority"); p != "" {
+	if p := h1.Get(r.Header, "X-Llmgate-Priority"); p != "" {
 		switch strings.ToLower(strings.TrimSpace(p)) {
 		case "interactive":
 			c.priority = ratelimit.Interactive
@@ -230,7 +231,7 @@ func (g *Gateway) readHints(r *http.Request, c *call) *apiError {
 	if c.tenant.MaxWait != nil {
 		c.maxWait = *c.tenant.MaxWait
 	}
-	if v := r.Header.Get("X-Llmgate-Max-Wait"); v != "" {
+	if v := h1.Get(r.Header, "X-Llmgate-Max-Wait"); v != "" {
 		d, err := parseWait(v)
 		if err != nil {
 			return errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-max-wait",

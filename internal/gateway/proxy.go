@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/provider"
 )
@@ -237,7 +238,7 @@ const maxRetries429 = 3
 // a quota exhaustion (no retry will help) and the request's deadline leaves
 // room for the provider's retry-after.
 func (g *Gateway) worthRetrying(ctx context.Context, resp *http.Response) bool {
-	if strings.EqualFold(resp.Header.Get("X-Should-Retry"), "false") {
+	if strings.EqualFold(h1.Get(resp.Header, "X-Should-Retry"), "false") {
 		return false
 	}
 	if dl, ok := ctx.Deadline(); ok {
@@ -301,7 +302,7 @@ func upstreamHeader(r *http.Request, c *call) http.Header {
 			h[k] = v
 		}
 	}
-	if h.Get("Content-Type") == "" {
+	if h1.Get(h, "Content-Type") == "" {
 		h["Content-Type"] = jsonContentType
 	}
 	h["X-Request-Id"] = c.idHeader // the slice the answer's header has: values are only read
@@ -361,7 +362,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	h["X-Llmgate-Deployment"] = adm.dep.nameHeader
 	g.metrics.upstreamAnswer(adm.dep.Name, resp.StatusCode)
 
-	if resp.StatusCode == http.StatusOK && c.req.Stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if resp.StatusCode == http.StatusOK && c.req.Stream && strings.HasPrefix(h1.Get(resp.Header, "Content-Type"), "text/event-stream") {
 		g.relayStream(ctx, w, c, adm, res, resp)
 		return
 	}

@@ -164,6 +164,17 @@ func ParseField(line string) (key, value string, err error) {
 	return textproto.CanonicalMIMEHeaderKey(name), value, nil
 }
 
+// Get is h.Get(key) for a key already in canonical form (a constant such
+// as "X-Request-Id"): it skips the canonicalization Get does on every call,
+// a scan of the key that shows in the gateway's profile at ~20 lookups a
+// request.
+func Get(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 // AddField adds the value of header line i to h. A name's first value is
 // a slice of values (one slot per line, made by the caller) so that a
 // header of n lines costs one slice, not n.

@@ -148,3 +148,23 @@ func BenchmarkReadResponse(b *testing.B) {
 		})
 	}
 }
+
+// TestGet: Get finds what http.Header.Get finds for a canonical key,
+// including a header parsed from the wire in another case.
+func TestGet(t *testing.T) {
+	h := http.Header{}
+	key, value, err := ParseField("x-ratelimit-remaining-requests:  7 ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h[key] = []string{value, "8"}
+	h.Set("Retry-After", "")
+	for _, k := range []string{"X-Ratelimit-Remaining-Requests", "Retry-After", "X-Missing"} {
+		if got, want := Get(h, k), h.Get(k); got != want {
+			t.Errorf("Get(%q) = %q, Header.Get %q", k, got, want)
+		}
+	}
+	if got := Get(h, "X-Ratelimit-Remaining-Requests"); got != "7" {
+		t.Errorf("Get = %q, want the first value 7", got)
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -98,8 +99,23 @@ var errNoBytes = errors.New("h1: connection closed before the response")
 // the end or closed: that returns the connection to the idle pool (or
 // closes it). Cancelling req's context aborts the call at any point.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.roundTrip(req, time.Time{}, 0)
+}
+
+// realAfter is AfterFunc on the real clock.
+func realAfter(d time.Duration, f func()) interface{ Stop() bool } { return time.AfterFunc(d, f) }
+
+// roundTrip is RoundTrip, bounded by deadline unless it is zero (then d is
+// the bound it was made from; see RoundTripWithin).
+func (t *Transport) roundTrip(req *http.Request, deadline time.Time, d time.Duration) (*http.Response, error) {
+	fallback := func() (*http.Response, error) {
+		if deadline.IsZero() {
+			return t.Fallback.RoundTrip(req)
+		}
+		return RoundTripTimer(t.Fallback, req, d, realAfter)
+	}
 	if !t.handles(req) {
-		return t.Fallback.RoundTrip(req)
+		return fallback()
 	}
 	h, err := t.hostOf(req)
 	if err != nil {
@@ -107,18 +123,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if h.viaProxy {
-		return t.Fallback.RoundTrip(req)
+		return fallback()
 	}
 	defer closeBody(req)
 	if err := validHeaders(req); err != nil {
 		return nil, err
 	}
 	for retried := false; ; retried = true {
-		c, err := t.get(req.Context(), h, req.URL)
+		c, err := t.get(req.Context(), h, req.URL, deadline)
 		if err != nil {
 			return nil, err
 		}
-		resp, err := c.roundTrip(t, req)
+		resp, err := c.roundTrip(req, deadline)
 		if err == nil {
 			return resp, nil
 		}
@@ -130,6 +146,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if ctxErr := req.Context().Err(); ctxErr != nil {
 			return nil, errors.Join(ctxErr, err)
+		}
+		if timedOut(req.Context(), deadline, err) {
+			return nil, fmt.Errorf("%w: %w", ErrHeaderTimeout, err)
 		}
 		return nil, err
 	}
@@ -205,8 +224,9 @@ func (t *Transport) host(key string, req *http.Request) (*host, error) {
 	return h.(*host), nil
 }
 
-// get returns an idle connection of h, or dials a new one.
-func (t *Transport) get(ctx context.Context, h *host, u *url.URL) (*conn, error) {
+// get returns an idle connection of h, or dials a new one, before
+// deadline unless it is zero.
+func (t *Transport) get(ctx context.Context, h *host, u *url.URL, deadline time.Time) (*conn, error) {
 	now := time.Now()
 	idleTimeout := positive(t.IdleTimeout, DefaultIdleTimeout)
 	h.mu.Lock()
@@ -224,7 +244,16 @@ func (t *Transport) get(ctx context.Context, h *host, u *url.URL) (*conn, error)
 		h.mu.Lock()
 	}
 	h.mu.Unlock()
-	return t.dial(ctx, h, u)
+	if deadline.IsZero() {
+		return t.dial(ctx, h, u)
+	}
+	dctx, cancel := context.WithDeadline(ctx, deadline) // a dial is rare: the context is cheap enough
+	defer cancel()
+	c, err := t.dial(dctx, h, u)
+	if err != nil && ctx.Err() == nil && dctx.Err() != nil {
+		return nil, fmt.Errorf("%w: %w", ErrHeaderTimeout, err)
+	}
+	return c, err
 }
 
 func (t *Transport) dial(ctx context.Context, h *host, u *url.URL) (*conn, error) {
@@ -343,12 +372,16 @@ func (r countingReader) Read(p []byte) (int, error) {
 // connection fail at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// roundTrip writes req and reads the response headers. The returned
-// response's body owns the connection until it ends.
-func (c *conn) roundTrip(t *Transport, req *http.Request) (*http.Response, error) {
+// roundTrip writes req and reads the response headers, before deadline
+// unless it is zero. The returned response's body owns the connection
+// until it ends.
+func (c *conn) roundTrip(req *http.Request, deadline time.Time) (*http.Response, error) {
 	ctx := req.Context()
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if !deadline.IsZero() {
+		_ = c.nc.SetDeadline(deadline)
 	}
 	// Cancellation reaches a goroutine blocked in I/O through the deadline.
 	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
@@ -365,7 +398,12 @@ func (c *conn) roundTrip(t *Transport, req *http.Request) (*http.Response, error
 		stop()
 		return nil, err
 	}
-	resp.Body = &body{rc: resp.Body, c: c, stop: stop, reuse: !resp.Close && !req.Close}
+	// The bound goes on over an error body (see RoundTripWithin).
+	bounded := !deadline.IsZero() && resp.StatusCode >= 400
+	if !deadline.IsZero() && !bounded {
+		c.clearDeadline(ctx)
+	}
+	resp.Body = &body{rc: resp.Body, c: c, ctx: ctx, stop: stop, bounded: bounded, reuse: !resp.Close && !req.Close}
 	return resp, nil
 }
 
@@ -459,12 +497,14 @@ func (c *conn) readResponse(req *http.Request) (*http.Response, error) {
 
 // body is a response body that gives its connection back when it ends.
 type body struct {
-	rc    io.ReadCloser
-	c     *conn
-	stop  func() bool // stops the cancellation hook; false if it ran
-	reuse bool        // the connection may serve another request
-	mu    sync.Mutex  // protects done
-	done  bool
+	rc      io.ReadCloser
+	c       *conn
+	ctx     context.Context // the request's
+	stop    func() bool     // stops the cancellation hook; false if it ran
+	bounded bool            // the connection's deadline is RoundTripWithin's bound
+	reuse   bool            // the connection may serve another request
+	mu      sync.Mutex      // protects done
+	done    bool
 }
 
 func (b *body) Read(p []byte) (int, error) {
@@ -473,6 +513,9 @@ func (b *body) Read(p []byte) (int, error) {
 		b.finish(true)
 	} else if err != nil {
 		b.finish(false)
+		if b.bounded && b.ctx.Err() == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("%w: %w", ErrHeaderTimeout, err)
+		}
 	}
 	return n, err
 }
@@ -496,6 +539,9 @@ func (b *body) finish(complete bool) {
 	b.mu.Unlock()
 	cancelled := !b.stop()
 	if complete && b.reuse && !cancelled && b.c.br.Buffered() == 0 {
+		if b.bounded {
+			_ = b.c.nc.SetDeadline(time.Time{}) // the hook is stopped: nothing else sets one now
+		}
 		b.c.t.put(b.c)
 		return
 	}

@@ -26,6 +26,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/llmgate/llmgate/clock"
+	"github.com/llmgate/llmgate/internal/h1"
 )
 
 // Errors returned by this package. Every error Do returns wraps exactly one
@@ -136,6 +139,10 @@ type Client struct {
 	tmo    timeouts
 	log    *slog.Logger
 	states sync.Map // target name → *targetState
+	// send makes one attempt's round trip, bounded as RoundTripWithin
+	// says: through the h1 transport's connection deadline when it can
+	// (no timer), or a timer on the client's clock.
+	send func(req *http.Request, d time.Duration) (*http.Response, error)
 }
 
 // targetState is what the client keeps per target name.
@@ -182,11 +189,24 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	cfg = cfg.withDefaults()
-	return &Client{
+	c := &Client{
 		cfg: cfg,
 		tmo: timeouts{floor: cfg.TimeoutFloor, ceiling: cfg.TimeoutCeiling, multiplier: cfg.TimeoutMultiplier},
 		log: cfg.Logger,
-	}, nil
+	}
+	within, ok := cfg.Transport.(interface {
+		RoundTripWithin(*http.Request, time.Duration) (*http.Response, error)
+	})
+	if _, real := cfg.Clock.(clock.Real); ok && real {
+		// A connection deadline runs on the real clock only.
+		c.send = within.RoundTripWithin
+	} else {
+		after := func(d time.Duration, f func()) interface{ Stop() bool } { return cfg.Clock.AfterFunc(d, f) }
+		c.send = func(req *http.Request, d time.Duration) (*http.Response, error) {
+			return h1.RoundTripTimer(cfg.Transport, req, d, after)
+		}
+	}
+	return c, nil
 }
 
 // CloseIdleConnections closes the transport's idle connections, if it has
@@ -400,51 +420,43 @@ func (c *Client) retryWait(ctx context.Context, st *targetState, tk ticket, res 
 }
 
 // attempt sends one request and reads what the retry decision needs. Its
-// timer covers the wait for headers and, for an error status, the read of
-// the (small) error body; never the body of a response returned to the
-// caller.
+// bound (the adaptive timeout) covers the wait for headers and, for an
+// error status, the read of the (small) error body; never the body of a
+// successful response.
 func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, req *Request, lat *latency) (attempt, time.Duration) {
 	body := req.Body
 	a := attempt{timeout: lat.current()}
-	actx, cancel := context.WithCancelCause(ctx)
-	timer := c.cfg.Clock.AfterFunc(a.timeout, func() { cancel(errHeaderTimeout) })
-	r := base.WithContext(actx)
+	r := base.WithContext(ctx)
 	if len(body) > 0 {
 		r.Body = newBodyReader(body)
 	}
 	start := c.cfg.Clock.Now()
-	resp, err := c.cfg.Transport.RoundTrip(r)
+	resp, err := c.send(r, a.timeout)
 	took := c.cfg.Clock.Now().Sub(start)
 	if err != nil {
-		timer.Stop()
-		if context.Cause(actx) == errHeaderTimeout {
+		if errors.Is(err, h1.ErrHeaderTimeout) {
 			err = errHeaderTimeout
 		}
-		cancel(nil)
 		return attempt{err: err, retryable: true, timeout: a.timeout}, took
 	}
 
 	status := resp.StatusCode
-	a.retryable = retryableStatus(status) && !strings.EqualFold(resp.Header.Get("X-Should-Retry"), "false")
-	b := &respBody{rc: resp.Body, cancel: cancel}
+	a.retryable = retryableStatus(status) && !strings.EqualFold(h1.Get(resp.Header, "X-Should-Retry"), "false")
+	b := &respBody{rc: resp.Body}
 	resp.Body = b
-	complete := false
 	kind, reported := "", LimitReport{}
 	if status >= 400 {
-		// Error bodies are small: read them now, under the timer, so that
+		// Error bodies are small: read them now, within the bound, so that
 		// a retry finds the connection free and a 429's kind is known.
-		complete = b.peek()
+		if err := b.peek(); errors.Is(err, h1.ErrHeaderTimeout) {
+			_ = resp.Body.Close()
+			return attempt{err: errHeaderTimeout, retryable: true, timeout: a.timeout}, took
+		}
 		if status == http.StatusTooManyRequests {
 			var quota bool
 			kind, quota, reported = rateLimitInfo(b.buf)
 			a.retryable = a.retryable && !quota && !req.NoRetry429
 		}
-	}
-	if !timer.Stop() && !complete {
-		// The timer fired as the headers arrived: the context is cancelled
-		// and the body cut. It is a timeout like any other.
-		_ = resp.Body.Close()
-		return attempt{err: errHeaderTimeout, retryable: true, timeout: a.timeout}, took
 	}
 	if status >= 200 && status < 300 {
 		lat.observe(took, c.tmo)
@@ -666,25 +678,24 @@ func b2i(b bool) int {
 const peekLimit = 64 << 10
 
 // respBody is a response body handed to the caller: the bytes read ahead
-// (an error body, to parse it and free the connection) come first, and
-// closing it ends the attempt's context.
+// (an error body, to parse it and free the connection) come first.
 type respBody struct {
-	buf    []byte
-	rc     io.ReadCloser
-	cancel context.CancelCauseFunc
+	buf []byte
+	rc  io.ReadCloser
 }
 
-// peek reads up to peekLimit bytes ahead and reports whether that was the
-// whole body (then the underlying body is closed, its connection free).
-func (b *respBody) peek() bool {
+// peek reads up to peekLimit bytes ahead. If that was the whole body, the
+// underlying body is closed (its connection free); otherwise what was read
+// is served first, and the read's error, if any, is returned.
+func (b *respBody) peek() error {
 	buf, err := io.ReadAll(io.LimitReader(b.rc, peekLimit+1))
 	b.buf = buf
 	if err != nil || len(buf) > peekLimit {
-		return false
+		return err
 	}
 	_ = b.rc.Close()
 	b.rc = http.NoBody
-	return true
+	return nil
 }
 
 func (b *respBody) Read(p []byte) (int, error) {
@@ -698,12 +709,8 @@ func (b *respBody) Read(p []byte) (int, error) {
 
 // Close may run concurrently with Read (a caller cuts a stalled stream by
 // closing its body from another goroutine), so it touches only rc, whose
-// Close is safe for that, and the cancel func.
-func (b *respBody) Close() error {
-	err := b.rc.Close()
-	b.cancel(nil)
-	return err
-}
+// Close is safe for that.
+func (b *respBody) Close() error { return b.rc.Close() }
 
 // redactedError hides a target's key in an error's text.
 type redactedError struct {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgate/llmgate/clock"
 )
 
 func TestRetryThenSuccess(t *testing.T) {
@@ -419,25 +421,43 @@ func TestBodyReadableAfterDo(t *testing.T) {
 	}
 }
 
-// TestCloseEndsAttemptContext checks that closing the body releases the
-// attempt's context, which a long-lived parent context would otherwise
-// keep forever.
+// TestCloseEndsAttemptContext checks that an attempt leaves nothing on
+// the caller's context once the body is read, which a long-lived context
+// would otherwise keep forever: on the h1 transport and the real clock the
+// attempt makes no context of its own (its bound is the connection's
+// deadline); with a timer (another clock) the context the timer cancels
+// ends with the body.
 func TestCloseEndsAttemptContext(t *testing.T) {
 	u := newUpstream(t, nil, answerOK)
-	c := newClient(t, Config{})
-	resp, _, err := c.Do(t.Context(), targetOf(u), chatReq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx := resp.Request.Context()
-	if actx.Err() != nil {
-		t.Fatalf("the attempt's context ended before the body was read: %v", actx.Err())
-	}
-	readAll(t, resp)
-	select {
-	case <-actx.Done():
-	default:
-		t.Fatal("closing the body left the attempt's context alive")
+	for _, tc := range []struct {
+		name  string
+		clock clock.Clock
+	}{{"deadline", nil}, {"timer", newTestClock(0)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			c := newClient(t, Config{Clock: tc.clock})
+			resp, _, err := c.Do(ctx, targetOf(u), chatReq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			actx := resp.Request.Context()
+			if actx.Err() != nil {
+				t.Fatalf("the attempt's context ended before the body was read: %v", actx.Err())
+			}
+			readAll(t, resp)
+			if tc.clock == nil {
+				if actx != ctx {
+					t.Fatal("the attempt made a context of its own on the deadline path")
+				}
+				return
+			}
+			select {
+			case <-actx.Done():
+			default:
+				t.Fatal("closing the body left the attempt's context alive")
+			}
+		})
 	}
 }
 
