@@ -19,5 +19,9 @@ export REDIS_SERVER="$(command -v redis-server || echo /usr/bin/redis-server)"
 
 echo "== go vet"
 go vet ./...
+# bench/peers (the peer lock libraries, measured against llmgate's) is a
+# module of its own, so that their dependencies stay out of llmgate's.
+echo "== go vet (bench/peers)"
+(cd bench/peers && go vet ./...)
 echo "== go test -race"
 go test -race -count=1 -timeout 15m "$@" ./...
