@@ -3,8 +3,8 @@
 # a commit and its parent), ROUNDS rounds, each running both (in an order
 # that alternates by round) with the same arguments. Prints, for each
 # figure, the median over every repetition of every round and its range:
-# memory (or redis) against the proxy and against direct, its own req/s and
-# CPU per request, and the proxy against direct.
+# memory (or redis) against the proxy and against direct, its own req/s,
+# CPU per request and added p50 (minus direct's), and the proxy's.
 #
 #   bench/gateway-ab.sh ROUNDS OLD_BIN NEW_BIN -- BENCH_ARGS...
 #   bench/gateway-ab.sh 6 /tmp/old /tmp/new -- --variants direct,proxy,memory \
@@ -37,9 +37,12 @@ for f in glob.glob(sys.argv[1] + "/*.json"):
                 if ref in v:
                     res[build][f"{var}/{ref} c={c}"].append(v[var]["rps"] / v[ref]["rps"])
             res[build][f"{var} req/s c={c}"].append(v[var]["rps"])
+            if "direct" in v:
+                res[build][f"{var} added p50 us c={c}"].append(v[var]["p50_us"] - v["direct"]["p50_us"])
             res[build][f"{var} cpu us/req c={c}"].append(v[var]["cpu_us_per_req"])
         if "proxy" in v and "direct" in v:
             res[build][f"proxy/direct c={c}"].append(v["proxy"]["rps"] / v["direct"]["rps"])
+            res[build][f"proxy added p50 us c={c}"].append(v["proxy"]["p50_us"] - v["direct"]["p50_us"])
 for k in sorted({k for b in res.values() for k in b}):
     cols = []
     for b in ("old", "new"):
