@@ -25,3 +25,5 @@ echo "== go vet (bench/peers)"
 (cd bench/peers && go vet ./...)
 echo "== go test -race"
 go test -race -count=1 -timeout 15m "$@" ./...
+echo "== go test -race (bench/peers)"
+(cd bench/peers && go test -race -count=1 -timeout 5m "$@" ./...)
