@@ -36,26 +36,26 @@ func TestWithinHeadersLate(t *testing.T) {
 // longer than the bound, and the connection serves the next request with
 // no deadline left on it.
 func TestWithinSparesBody(t *testing.T) {
-	const d = 20 * time.Millisecond
+	// d leaves a loaded CI machine time for the headers; the body takes
+	// longer than d.
+	const d = 200 * time.Millisecond
 	s, conns := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("head;"))
 		w.(http.Flusher).Flush()
-		time.Sleep(3 * d) // the slow body under test, not a synchronisation
+		time.Sleep(d + d/2) // the slow body under test, not a synchronisation
 		w.Write([]byte("tail"))
 	})
 	tr := newTransport()
-	for i := range 2 {
-		resp, err := within(t, tr, t.Context(), s.URL, d)
-		if err != nil {
-			t.Fatalf("call %d: %v", i, err)
-		}
-		if got := readAll(t, resp); got != "head;tail" {
-			t.Fatalf("call %d: body %q", i, got)
-		}
+	resp, err := within(t, tr, t.Context(), s.URL, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, resp); got != "head;tail" {
+		t.Fatalf("body %q", got)
 	}
 	// Plain RoundTrip on the same connection: a deadline left over would
 	// have passed by now.
-	resp, err := post(t, tr, t.Context(), s.URL, "b")
+	resp, err = post(t, tr, t.Context(), s.URL, "b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,9 @@ func TestWithinSparesBody(t *testing.T) {
 // TestWithinErrorBody: the bound goes on over an error response's body; a
 // complete one frees the connection for reuse without its deadline.
 func TestWithinErrorBody(t *testing.T) {
-	const d = 30 * time.Millisecond
+	// The stalled call waits out d; the whole one must fit in it, on a
+	// loaded CI machine too.
+	const stalled, d = 30 * time.Millisecond, 200 * time.Millisecond
 	release := make(chan struct{})
 	defer close(release)
 	s, conns := newServer(t, func(w http.ResponseWriter, r *http.Request) {
@@ -82,7 +84,7 @@ func TestWithinErrorBody(t *testing.T) {
 		w.Write([]byte("-error"))
 	})
 	tr := newTransport()
-	resp, err := within(t, tr, t.Context(), s.URL+"/stall", d)
+	resp, err := within(t, tr, t.Context(), s.URL+"/stall", stalled)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +98,7 @@ func TestWithinErrorBody(t *testing.T) {
 	if got := readAll(t, resp); got != "slow-error" {
 		t.Fatalf("body %q", got)
 	}
-	time.Sleep(2 * d)                                         // past that call's bound: it must not be left on the connection
+	time.Sleep(d + d/2)                                       // past that call's bound: it must not be left on the connection
 	resp, err = post(t, tr, t.Context(), s.URL+"/whole", "b") // plain RoundTrip sets no deadline of its own
 	if err != nil {
 		t.Fatal(err)
