@@ -24,7 +24,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,20 +98,20 @@ var errNoBytes = errors.New("h1: connection closed before the response")
 // the end or closed: that returns the connection to the idle pool (or
 // closes it). Cancelling req's context aborts the call at any point.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	return t.roundTrip(req, time.Time{}, 0)
+	return t.roundTrip(req, time.Time{})
 }
 
 // realAfter is AfterFunc on the real clock.
 func realAfter(d time.Duration, f func()) interface{ Stop() bool } { return time.AfterFunc(d, f) }
 
-// roundTrip is RoundTrip, bounded by deadline unless it is zero (then d is
-// the bound it was made from; see RoundTripWithin).
-func (t *Transport) roundTrip(req *http.Request, deadline time.Time, d time.Duration) (*http.Response, error) {
+// roundTrip is RoundTrip, bounded by deadline unless it is zero (see
+// RoundTripWithin).
+func (t *Transport) roundTrip(req *http.Request, deadline time.Time) (*http.Response, error) {
 	fallback := func() (*http.Response, error) {
 		if deadline.IsZero() {
 			return t.Fallback.RoundTrip(req)
 		}
-		return RoundTripTimer(t.Fallback, req, d, realAfter)
+		return RoundTripTimer(t.Fallback, req, time.Until(deadline), realAfter)
 	}
 	if !t.handles(req) {
 		return fallback()
@@ -147,7 +146,7 @@ func (t *Transport) roundTrip(req *http.Request, deadline time.Time, d time.Dura
 		if ctxErr := req.Context().Err(); ctxErr != nil {
 			return nil, errors.Join(ctxErr, err)
 		}
-		if timedOut(req.Context(), deadline, err) {
+		if timedOut(req.Context(), !deadline.IsZero(), err) {
 			return nil, fmt.Errorf("%w: %w", ErrHeaderTimeout, err)
 		}
 		return nil, err
@@ -513,7 +512,7 @@ func (b *body) Read(p []byte) (int, error) {
 		b.finish(true)
 	} else if err != nil {
 		b.finish(false)
-		if b.bounded && b.ctx.Err() == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		if timedOut(b.ctx, b.bounded, err) {
 			err = fmt.Errorf("%w: %w", ErrHeaderTimeout, err)
 		}
 	}

@@ -27,7 +27,7 @@ var ErrHeaderTimeout = errors.New("h1: no response headers in time")
 // deadline, which costs no timer, context or closure; a request that goes
 // to Fallback gets them (RoundTripTimer).
 func (t *Transport) RoundTripWithin(req *http.Request, d time.Duration) (*http.Response, error) {
-	return t.roundTrip(req, time.Now().Add(d), d)
+	return t.roundTrip(req, time.Now().Add(d))
 }
 
 // AfterFunc calls f in its own goroutine after d, unless stopped first, as
@@ -101,11 +101,12 @@ func (b *timerBody) stop() {
 	b.mu.Unlock()
 }
 
-// timedOut reports whether err on a call bounded by deadline (zero: none)
-// is that bound passing rather than the context's cancellation, which
-// also acts through the connection's deadline.
-func timedOut(ctx context.Context, deadline time.Time, err error) bool {
-	return !deadline.IsZero() && ctx.Err() == nil && errors.Is(err, os.ErrDeadlineExceeded)
+// timedOut reports whether err on a call or body whose connection carries
+// RoundTripWithin's bound (bounded) is that bound passing rather than the
+// context's cancellation, which also acts through the connection's
+// deadline.
+func timedOut(ctx context.Context, bounded bool, err error) bool {
+	return bounded && ctx.Err() == nil && errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // clearDeadline lifts c's deadline once a bounded response's headers are
