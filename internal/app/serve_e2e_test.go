@@ -185,6 +185,95 @@ func TestE2EReplicasShareProviderRPM(t *testing.T) {
 	}
 }
 
+// TestE2EMemoryStoreLocalQuota: on the memory store, too, the limiter
+// admits far from a limit from local quota blocks by default (one backend
+// decision for many requests is cheaper than one each), and
+// ratelimit.local_quota: false turns them off. Near the limit the bound
+// still holds: the provider, enforcing the same quota, never answers 429.
+func TestE2EMemoryStoreLocalQuota(t *testing.T) {
+	logRuntime(t)
+	const rpm = 120 // the provider refills 2 a second
+	body := `{"model":"gpt-4.1","messages":[{"role":"user","content":"hello"}],"max_tokens":5}`
+	for _, tc := range []struct {
+		name, extra string
+		local       bool
+	}{
+		{"default", "", true},
+		{"local_quota=false", "ratelimit: {local_quota: false}\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			// A provider of its own: its quota starts full, as the gateway's.
+			s := newE2ESim(t, sim.Config{RPM: rpm, APIKeys: []string{e2eProviderKey}})
+			cfg := gatewayConfig{
+				Store: "memory", SimURL: s.url, Limits: fmt.Sprintf("{rpm: %d}", rpm),
+				MaxWait: "200ms", LogLevel: "info",
+				Extra: fmt.Sprintf("state_dir: %q\n", t.TempDir()) + tc.extra,
+			}
+			r := launchReplica(t, "memory-"+tc.name, cfg)
+			r.waitReady(t)
+			// 4 clients, 200 requests: the first ones far from the limit,
+			// then up against it, where requests wait up to 200ms and get
+			// the gateway's 429.
+			const clients, requests = 4, 200
+			var mu sync.Mutex
+			statuses := map[int]int{}
+			start := time.Now()
+			var wg sync.WaitGroup
+			next := make(chan struct{}, requests)
+			for range requests {
+				next <- struct{}{}
+			}
+			close(next)
+			for range clients {
+				wg.Go(func() {
+					for range next {
+						rep := send(ctx, r, body)
+						mu.Lock()
+						statuses[rep.status]++
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			st := s.Stats().Total
+			calls, limited := st.Calls, st.RateLimited
+			local, err := r.metric(ctx, `llmgate_rate_limit_admissions_total{path="local"}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			store, err := r.metric(ctx, `llmgate_rate_limit_admissions_total{path="store"}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d requests in %v: statuses %v; provider: %d calls, %d 429s; admissions: %.0f local, %.0f store",
+				requests, elapsed.Round(time.Millisecond), statuses, calls, limited, local, store)
+			if limited != 0 {
+				t.Errorf("the provider answered %d requests with 429; the gateway must keep within its quota", limited)
+			}
+			if statuses[200]+statuses[429] != requests {
+				t.Errorf("statuses %v: want only 200 and 429", statuses)
+			}
+			// The bucket holds rpm and refills rpm/60 a second; one more
+			// for the time between the first admission and start.
+			if most := rpm + int(elapsed.Seconds()*rpm/60) + 1; statuses[200] > most {
+				t.Errorf("%d answered in %v; the quota allows at most %d", statuses[200], elapsed, most)
+			}
+			if statuses[200] < rpm {
+				t.Errorf("only %d answered; the first %d fit the quota", statuses[200], rpm)
+			}
+			if tc.local && local == 0 {
+				t.Error("no request was admitted from a local quota block")
+			}
+			if !tc.local && local != 0 {
+				t.Errorf("%.0f requests admitted from local blocks with local_quota: false", local)
+			}
+		})
+	}
+}
+
 // checkBucketBound fails the test if some window [arrivals[i],
 // arrivals[j]] holds more arrivals than a token bucket of size burst
 // refilling at perSec admits: burst + perSec × the window's length. One

@@ -62,9 +62,7 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string) {
 		map[bool]string{false: "fail open (no limit check)", true: "fail closed (requests refused)"}[c.RateLimit.FailClosed])
 	row("reservations", "budget holds expire after %s if never settled; rate-limit reservations and permits after %s without renewal",
 		durationString(c.Budget.ReservationTTL), durationString(c.RateLimit.ReservationHold))
-	if storeurl.IsMemory(c.Store) {
-		row("local quota", "not needed: the memory store is in-process")
-	} else if c.RateLimit.LocalQuotaOn() {
+	if c.RateLimit.LocalQuotaOn() {
 		row("local quota", "on: far from a limit, each replica admits from blocks reserved in the store, each admitting for %s",
 			durationString(c.RateLimit.LocalWindow))
 	} else {

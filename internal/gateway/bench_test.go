@@ -70,10 +70,10 @@ func BenchmarkServeChat(b *testing.B) {
 	bm := memoryBudgets(b)
 	huge := Limits{RPM: 1 << 40, TPM: 1 << 40}
 	gw, err := New(Options{
-		Route:   func(string) ([]string, bool) { return []string{"sim/gpt-4.1-mini"}, true },
-		Limiter: ratelimit.New(rlmemory.New(clock.Real{})),
-		Budgets: bm,
+		Route: func(string) ([]string, bool) { return []string{"sim/gpt-4.1-mini"}, true },
 		// As llmgate serve wires the memory store.
+		Limiter:          ratelimit.New(rlmemory.New(clock.Real{}), ratelimit.WithLocalQuota(ratelimit.LocalQuota{})),
+		Budgets:          bm,
 		InProcessLimiter: true,
 		Upstream:         up,
 		Tenants:          map[string]*Tenant{sha(tenantKey): {Name: "bench", Limits: huge}},
