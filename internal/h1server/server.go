@@ -247,6 +247,12 @@ type conn struct {
 	// hands over through watchRes.
 	hangupID uint64
 	rawConn  syscall.RawConn
+	// header is the answer's header map, emptied for each request: a map
+	// sized for an answer's headers is about a kilobyte, the largest of a
+	// request's allocations. No handler may use it after it returns (the
+	// http.ResponseWriter contract), and the value slices it held are left
+	// alone, so a copy a handler kept of them stays valid.
+	header   http.Header
 	epoll    bool       // registered for hangups: no watch needed
 	watchMu  sync.Mutex // protects gone, watching and cancel
 	gone     bool       // the client left
@@ -445,7 +451,12 @@ func (c *conn) serveRequest(req *request) (keepAlive bool) {
 	}
 	c.watchMu.Unlock()
 	hr := req.http.WithContext(ctx)
-	w := &response{c: c, req: req, header: make(http.Header, 16), status: http.StatusOK}
+	if c.header == nil {
+		c.header = make(http.Header, 16)
+	} else {
+		clear(c.header)
+	}
+	w := &response{c: c, req: req, header: c.header, status: http.StatusOK}
 	req.body.watchOnEOF = true
 	if req.body.done {
 		c.startWatch()

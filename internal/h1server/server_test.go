@@ -112,6 +112,40 @@ func TestWithNetHTTPClient(t *testing.T) {
 	}
 }
 
+// TestHeaderFreshPerRequest: requests on one connection share its header
+// map, emptied in between. No header of one answer leaks into the next,
+// and a value slice a handler kept stays as it was.
+func TestHeaderFreshPerRequest(t *testing.T) {
+	var kept []string
+	_, addr := start(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		if len(h) != 0 {
+			t.Errorf("%s: the handler found headers already set: %v", r.URL.Path, h)
+		}
+		if r.URL.Path == "/first" {
+			h["X-First"] = []string{"1"}
+			kept = h["X-First"]
+		}
+		h["X-Path"] = []string{r.URL.Path}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	answers := exchange(t, addr, "GET /first HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	i := strings.Index(answers[1:], "HTTP/1.1 ") // the second answer's status line
+	if i < 0 {
+		t.Fatalf("want two answers, got %q", answers)
+	}
+	a1, a2 := answers[:i+1], answers[i+1:]
+	if !strings.Contains(a1, "X-First: 1\r\n") || !strings.Contains(a1, "X-Path: /first\r\n") {
+		t.Errorf("first answer %q", a1)
+	}
+	if strings.Contains(a2, "X-First") || !strings.Contains(a2, "X-Path: /second\r\n") {
+		t.Errorf("second answer %q: want X-Path /second and no X-First", a2)
+	}
+	if len(kept) != 1 || kept[0] != "1" {
+		t.Errorf("the kept value slice changed to %q", kept)
+	}
+}
+
 // exchange writes raw to a new connection and returns everything the
 // server sends until it closes the connection.
 func exchange(t *testing.T, addr, raw string) string {
