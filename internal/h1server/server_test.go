@@ -116,7 +116,7 @@ func TestWithNetHTTPClient(t *testing.T) {
 // map, emptied in between. No header of one answer leaks into the next,
 // and a value slice a handler kept stays as it was.
 func TestHeaderFreshPerRequest(t *testing.T) {
-	var kept []string
+	keptc := make(chan []string, 1) // from the server's goroutine
 	_, addr := start(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		if len(h) != 0 {
@@ -124,7 +124,7 @@ func TestHeaderFreshPerRequest(t *testing.T) {
 		}
 		if r.URL.Path == "/first" {
 			h["X-First"] = []string{"1"}
-			kept = h["X-First"]
+			keptc <- h["X-First"]
 		}
 		h["X-Path"] = []string{r.URL.Path}
 		_, _ = io.WriteString(w, "ok")
@@ -141,7 +141,7 @@ func TestHeaderFreshPerRequest(t *testing.T) {
 	if strings.Contains(a2, "X-First") || !strings.Contains(a2, "X-Path: /second\r\n") {
 		t.Errorf("second answer %q: want X-Path /second and no X-First", a2)
 	}
-	if len(kept) != 1 || kept[0] != "1" {
+	if kept := <-keptc; len(kept) != 1 || kept[0] != "1" {
 		t.Errorf("the kept value slice changed to %q", kept)
 	}
 }
