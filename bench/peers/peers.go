@@ -209,7 +209,8 @@ func rueidislockAlgo() lockbench.Algo {
 			if err != nil {
 				return nil, nil, err
 			}
-			opt.DisableCache = false // it waits on client-side caching invalidations
+			opt.DisableCache = false  // it waits on client-side caching invalidations
+			opt.PipelineMultiplex = 0 // rueidis's own default, not llmgate's one connection
 			open := func(string) (rueidislock.Locker, error) {
 				return rueidislock.NewLocker(rueidislock.LockerOption{ClientOption: opt, KeyMajority: 1, NoLoopTracking: true})
 			}

@@ -4,7 +4,9 @@ package storeurl
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/redis/rueidis"
@@ -42,7 +44,8 @@ func Redact(s string) string {
 }
 
 // RedisOption parses a redis://, rediss:// or unix:// URL into client
-// options (see rueidis.ParseURL for the query parameters it accepts).
+// options (see rueidis.ParseURL for the query parameters it accepts, and
+// DefaultConnections for ?connections=N).
 func RedisOption(s string) (rueidis.ClientOption, error) {
 	if IsMemory(s) {
 		return rueidis.ClientOption{}, ErrMemory
@@ -56,7 +59,43 @@ func RedisOption(s string) (rueidis.ClientOption, error) {
 		return rueidis.ClientOption{}, fmt.Errorf("%w %q: want redis://[user:password@]host:port[/db], rediss://... or unix:///path", ErrBadURL, Redact(s))
 	}
 	opt.DisableCache = true // the lock and limiter never read through a client-side cache
+	if opt.PipelineMultiplex, err = pipelineMultiplex(s); err != nil {
+		return rueidis.ClientOption{}, err
+	}
 	return opt, nil
+}
+
+// DefaultConnections is how many connections a client pipelines its
+// commands over when the URL does not say (?connections=N).
+//
+// Why one, where rueidis opens two on two cores and four on more: many
+// goroutines sharing one connection have their commands written together
+// and their replies read together, one system call for several, and Redis
+// (one thread) serves them in order either way. On the 2-core VM of
+// BENCHMARKS.md, 16 goroutines taking and releasing locks made 6–12 % more
+// pairs a second on one connection than on rueidis's two, with less CPU on
+// both sides. Pub/Sub and blocking commands keep their own connections.
+const DefaultConnections = 1
+
+// MaxConnections bounds ?connections=N (rueidis.MaxPipelineMultiplex).
+const MaxConnections = 1 << rueidis.MaxPipelineMultiplex
+
+// pipelineMultiplex reads ?connections=N from s (a power of two, 1 to
+// MaxConnections) as rueidis's PipelineMultiplex, which is its log2 except
+// that 0 means rueidis's default: one connection is -1.
+func pipelineMultiplex(s string) (int, error) {
+	n := DefaultConnections
+	if u, err := url.Parse(s); err == nil && u.Query().Has("connections") {
+		var perr error
+		n, perr = strconv.Atoi(u.Query().Get("connections"))
+		if perr != nil || n < 1 || n > MaxConnections || n&(n-1) != 0 {
+			return 0, fmt.Errorf("%w %q: connections must be a power of two from 1 to %d", ErrBadURL, Redact(s), MaxConnections)
+		}
+	}
+	if n == 1 {
+		return -1, nil
+	}
+	return bits.TrailingZeros(uint(n)), nil
 }
 
 // OpenRedis connects to the Redis named by s. It fails fast, with a

@@ -1,10 +1,15 @@
 package storeurl
 
 import (
+	"context"
 	"errors"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/llmgate/llmgate/internal/testutil"
 )
 
 func TestRedact(t *testing.T) {
@@ -45,6 +50,75 @@ func TestRedisOption(t *testing.T) {
 	}
 	if len(opt.InitAddress) != 1 || opt.InitAddress[0] != "127.0.0.1:6390" || opt.SelectDB != 2 || opt.Password != "pw" || !opt.DisableCache {
 		t.Errorf("options = %+v", opt)
+	}
+}
+
+func TestRedisOptionConnections(t *testing.T) {
+	for _, tc := range []struct {
+		url  string
+		want int // rueidis's PipelineMultiplex
+	}{
+		{"redis://127.0.0.1:6390", -1}, // DefaultConnections: one
+		{"redis://127.0.0.1:6390?connections=1", -1},
+		{"redis://127.0.0.1:6390/0?connections=2", 1},
+		{"unix:///tmp/redis.sock?connections=4", 2},
+		{"redis://127.0.0.1:6390?connections=256", 8},
+	} {
+		opt, err := RedisOption(tc.url)
+		if err != nil || opt.PipelineMultiplex != tc.want {
+			t.Errorf("RedisOption(%q): PipelineMultiplex %d, %v; want %d", tc.url, opt.PipelineMultiplex, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"0", "3", "512", "-2", "x", ""} {
+		u := "redis://:s3cret@127.0.0.1:6390?connections=" + bad
+		_, err := RedisOption(u)
+		if !errors.Is(err, ErrBadURL) || !strings.Contains(err.Error(), "power of two") {
+			t.Errorf("connections=%q: %v, want ErrBadURL about a power of two", bad, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("connections=%q: the error shows the password: %v", bad, err)
+		}
+	}
+}
+
+// TestOpenRedisConnections counts, on a real server, the connections a
+// client opened by OpenRedis pipelines over: rueidis reads 0 as "its
+// default" (two or four), so one connection takes a value of its own.
+func TestOpenRedisConnections(t *testing.T) {
+	r := testutil.StartRedis(t)
+	check := r.Client(t)
+	for _, tc := range []struct {
+		query string
+		want  int
+	}{{"", 1}, {"&connections=4", 4}} {
+		name := "probe" + strconv.Itoa(tc.want)
+		c, err := OpenRedis(r.URL() + "?client_name=" + name + tc.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Concurrent commands: rueidis picks a connection at random for
+		// each, and opens it on first use.
+		var wg sync.WaitGroup
+		for g := range 32 {
+			wg.Go(func() {
+				for i := range 50 {
+					key := "k" + strconv.Itoa(g) + ":" + strconv.Itoa(i)
+					if err := c.Do(context.Background(), c.B().Set().Key(key).Value("v").Build()).Error(); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		list, err := check.Do(context.Background(), check.B().ClientList().Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Count(list, " name="+name+" "); got != tc.want {
+			t.Errorf("query %q: %d connections named %s, want %d:\n%s", tc.query, got, name, tc.want, list)
+		}
+		c.Close()
 	}
 }
 
