@@ -205,10 +205,41 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 		fmt.Fprintln(stderr, "llmgate bench gateway: interrupted; the figures cover the cells completed until then")
 	}
 	if res.Flagged {
-		fmt.Fprintf(stderr, "llmgate bench gateway: FLAGGED: %d requests failed; the figures are suspect (first: %s)\n", res.Errors, firstError(res))
+		fmt.Fprintf(stderr, "llmgate bench gateway: FLAGGED: %d requests failed (%s); the figures are suspect (first: %s)\n", res.Errors, errorsByVariant(res), firstError(res))
 		return ExitFail
 	}
 	return ExitOK
+}
+
+// errorsByVariant says how many requests failed in each variant that had
+// failures ("proxy 1, memory 2"), in the order the variants were measured:
+// a reference proxy's rare cut stream is not an llmgate failure.
+func errorsByVariant(r *Result) string {
+	var order []string
+	count := map[string]int64{}
+	add := func(variant string, n int64) {
+		if n == 0 {
+			return
+		}
+		if _, seen := count[variant]; !seen {
+			order = append(order, variant)
+		}
+		count[variant] += n
+	}
+	for _, m := range r.Measurements {
+		add(m.Variant, m.Errors)
+	}
+	if p := r.Profiled; p != nil {
+		add("profiled "+p.Variant, p.Errors)
+	}
+	parts := make([]string, len(order))
+	for i, v := range order {
+		parts[i] = fmt.Sprintf("%s %d", v, count[v])
+	}
+	if len(parts) == 0 {
+		return "in no measured cell"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func firstError(r *Result) string {
@@ -308,7 +339,7 @@ func PrintResult(w io.Writer, r *Result) {
 			p.Variant, p.Cell, p.RPS, p.P50Us, p.CPUUsPerReq, p.Errors)
 	}
 	if r.Flagged {
-		fmt.Fprintf(w, "\nFLAGGED: %d requests failed; first: %s\n", r.Errors, firstError(r))
+		fmt.Fprintf(w, "\nFLAGGED: %d requests failed (%s); first: %s\n", r.Errors, errorsByVariant(r), firstError(r))
 	}
 }
 

@@ -127,7 +127,8 @@ func TestMainTable(t *testing.T) {
 	}}
 	code, out, errOut = runMain(t, failing.build, "--duration", "50ms", "--reps", "1", "--concurrency", "1", "--stream=false",
 		"--variants", "direct,memory")
-	if code != ExitFail || !strings.Contains(errOut, "FLAGGED") || !strings.Contains(out, "FLAGGED") || !strings.Contains(errOut, "status 502") {
+	if code != ExitFail || !strings.Contains(errOut, "FLAGGED") || !strings.Contains(out, "FLAGGED") || !strings.Contains(errOut, "status 502") ||
+		!strings.Contains(errOut, "requests failed (memory ") {
 		t.Fatalf("failing gateway: exit %d, stdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 }
@@ -136,7 +137,7 @@ func TestMainTable(t *testing.T) {
 // "unexpected EOF" of a stream through httputil.ReverseProxy (see
 // checkSane), which every variant of these tests is.
 func onlyProxyCut(stderr string) bool {
-	return strings.Contains(stderr, "FLAGGED: 1 requests failed") && strings.Contains(stderr, "unexpected EOF")
+	return strings.Contains(stderr, "FLAGGED: 1 requests failed (") && strings.Contains(stderr, "unexpected EOF")
 }
 
 // TestMainRedis: the redis variant runs on the Redis given with --redis,
