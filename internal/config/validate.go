@@ -138,7 +138,11 @@ func (v *validator) top() {
 		}
 	default:
 		// The URL may hold a password: only its redacted form is shown.
-		if _, err := storeurl.RedisOption(c.Store); err != nil {
+		_, err := storeurl.RedisOption(c.Store)
+		switch {
+		case errors.Is(err, storeurl.ErrBadConnections):
+			v.add("store", "%s: %v", quote(storeurl.Redact(c.Store)), storeurl.ErrBadConnections)
+		case err != nil:
 			v.add("store", "%s is neither memory nor a redis URL; write it like redis://[user:password@]host:6379[/db], rediss://... (TLS) or unix:///path/to/redis.sock", quote(storeurl.Redact(c.Store)))
 		}
 	}

@@ -42,6 +42,8 @@ tenants:
 			[]string{`tenants: none, and listen "gateway.internal:8080" is not a loopback address: anyone who can reach it could spend your provider keys; add tenants (docs/config.md) or listen on 127.0.0.1`}},
 		{"bad store, password redacted", P + "store: http://user:hunter2@example.com", nil,
 			[]string{`store: "http://xxxxx@example.com" is neither memory nor a redis URL; write it like redis://[user:password@]host:6379[/db], rediss://... (TLS) or unix:///path/to/redis.sock`}},
+		{"store connections not a power of two, password redacted", P + `store: "redis://:hunter2@127.0.0.1:6379?connections=3"`, nil,
+			[]string{`store: "redis://xxxxx@127.0.0.1:6379?connections=3": connections must be a power of two from 1 to 256`}},
 		{"state dir with ~", P + "state_dir: ~/state", nil,
 			[]string{`state_dir: "~/state" starts with ~, which is not expanded here; write the full path`}},
 		{"admin token env", P + "admin_token_env: 1TOKEN", nil,

@@ -19,6 +19,10 @@ var (
 	ErrMemory = errors.New("storeurl: the memory store lives inside one process")
 	// ErrBadURL wraps every parse failure.
 	ErrBadURL = errors.New("storeurl: bad store URL")
+	// ErrBadConnections is the failure of a well-formed URL whose
+	// ?connections=N is not a power of two from 1 to MaxConnections; it
+	// comes wrapped with ErrBadURL.
+	ErrBadConnections = fmt.Errorf("connections must be a power of two from 1 to %d", MaxConnections)
 )
 
 // IsMemory reports whether s names the embedded in-process store.
@@ -89,7 +93,7 @@ func pipelineMultiplex(s string) (int, error) {
 		var perr error
 		n, perr = strconv.Atoi(u.Query().Get("connections"))
 		if perr != nil || n < 1 || n > MaxConnections || n&(n-1) != 0 {
-			return 0, fmt.Errorf("%w %q: connections must be a power of two from 1 to %d", ErrBadURL, Redact(s), MaxConnections)
+			return 0, fmt.Errorf("%w %q: %w", ErrBadURL, Redact(s), ErrBadConnections)
 		}
 	}
 	if n == 1 {

@@ -72,7 +72,7 @@ func TestRedisOptionConnections(t *testing.T) {
 	for _, bad := range []string{"0", "3", "512", "-2", "x", ""} {
 		u := "redis://:s3cret@127.0.0.1:6390?connections=" + bad
 		_, err := RedisOption(u)
-		if !errors.Is(err, ErrBadURL) || !strings.Contains(err.Error(), "power of two") {
+		if !errors.Is(err, ErrBadURL) || !errors.Is(err, ErrBadConnections) || !strings.Contains(err.Error(), "power of two") {
 			t.Errorf("connections=%q: %v, want ErrBadURL about a power of two", bad, err)
 		}
 		if err != nil && strings.Contains(err.Error(), "s3cret") {
