@@ -232,12 +232,12 @@ func errorsByVariant(r *Result) string {
 	if p := r.Profiled; p != nil {
 		add("profiled "+p.Variant, p.Errors)
 	}
+	if len(order) == 0 {
+		return "in no measured cell"
+	}
 	parts := make([]string, len(order))
 	for i, v := range order {
 		parts[i] = fmt.Sprintf("%s %d", v, count[v])
-	}
-	if len(parts) == 0 {
-		return "in no measured cell"
 	}
 	return strings.Join(parts, ", ")
 }

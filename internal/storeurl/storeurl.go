@@ -89,11 +89,12 @@ const MaxConnections = 1 << rueidis.MaxPipelineMultiplex
 // that 0 means rueidis's default: one connection is -1.
 func pipelineMultiplex(s string) (int, error) {
 	n := DefaultConnections
-	if u, err := url.Parse(s); err == nil && u.Query().Has("connections") {
-		var perr error
-		n, perr = strconv.Atoi(u.Query().Get("connections"))
-		if perr != nil || n < 1 || n > MaxConnections || n&(n-1) != 0 {
-			return 0, fmt.Errorf("%w %q: %w", ErrBadURL, Redact(s), ErrBadConnections)
+	if u, err := url.Parse(s); err == nil {
+		if q := u.Query(); q.Has("connections") {
+			n, err = strconv.Atoi(q.Get("connections"))
+			if err != nil || n < 1 || n > MaxConnections || n&(n-1) != 0 {
+				return 0, fmt.Errorf("%w %q: %w", ErrBadURL, Redact(s), ErrBadConnections)
+			}
 		}
 	}
 	if n == 1 {
