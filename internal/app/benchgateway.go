@@ -33,21 +33,13 @@ const (
 // usage its requests are still recording in the background.
 type benchGateway struct {
 	http.Handler
-	gw             *gateway.Gateway
-	requestTimeout time.Duration
+	gw *gateway.Gateway
 }
-
-// RequestTimeout is the gateway's bound on a request, which llmgate serve
-// has its server set.
-func (b benchGateway) RequestTimeout() time.Duration { return b.requestTimeout }
 
 // Drain waits until every request answered so far has been recorded.
 func (b benchGateway) Drain(ctx context.Context) error { return b.gw.Close(ctx) }
 
-var (
-	_ gatewaybench.Drainer        = benchGateway{}
-	_ gatewaybench.RequestBounder = benchGateway{}
-)
+var _ gatewaybench.Drainer = benchGateway{}
 
 // benchConfig is the configuration of a benchmark gateway: the built-in
 // defaults, store, one OpenAI-type provider at upstreamBaseURL serving the
@@ -108,7 +100,14 @@ func (a *App) benchGatewayFactory(ctx context.Context, variant, store, upstreamB
 		cfg.RateLimit.LocalQuota = &off
 	}
 	b := &App{Stdin: a.Stdin, Stdout: a.Stdout, Stderr: a.Stderr, Getenv: getenv, Environ: func() []string { return nil }}
-	s, err := b.startServer(cfg, newLogger(a.Stderr, cfg.Log))
+	// The secrets are redacted as in llmgate serve: that costs a scan of
+	// every answer.
+	secrets, err := configSecrets(cfg, getenv)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	s, err := b.startServer(cfg, newLogger(a.Stderr, cfg.Log, secrets), secrets)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, err
@@ -122,5 +121,5 @@ func (a *App) benchGatewayFactory(ctx context.Context, variant, store, upstreamB
 		s.close()
 		_ = os.RemoveAll(dir)
 	}
-	return benchGateway{Handler: s.gw.Handler(), gw: s.gw, requestTimeout: cfg.RequestTimeout}, release, nil
+	return benchGateway{Handler: s.gw.Handler(), gw: s.gw}, release, nil
 }

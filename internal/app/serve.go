@@ -14,8 +14,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmgate/llmgate/budget"
 	budgetmemory "github.com/llmgate/llmgate/budget/memory"
@@ -25,9 +28,10 @@ import (
 	dedupmemory "github.com/llmgate/llmgate/dedup/memory"
 	dedupredis "github.com/llmgate/llmgate/dedup/redis"
 	"github.com/llmgate/llmgate/internal/config"
+	"github.com/llmgate/llmgate/internal/connlimit"
 	"github.com/llmgate/llmgate/internal/gateway"
-	"github.com/llmgate/llmgate/internal/h1server"
 	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/internal/redact"
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/storeurl"
@@ -132,7 +136,12 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 		fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
 		return exitUsage
 	}
-	log := newLogger(a.Stderr, cfg.Log)
+	secrets, err := configSecrets(cfg, a.Getenv)
+	if err != nil {
+		fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
+		return exitFailure
+	}
+	log := newLogger(a.Stderr, cfg.Log, secrets)
 	if *configPath == "" {
 		if cfg.Source == config.SourceDefaultSimulated {
 			fmt.Fprintln(a.Stderr, "llmgate serve: no --config and no OPENAI_API_KEY: running the embedded default (memory store, built-in simulated provider)")
@@ -144,7 +153,7 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 		log.Warn(w)
 	}
 
-	s, err := a.startServer(cfg, log)
+	s, err := a.startServer(cfg, log, secrets)
 	if err != nil {
 		fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
 		return exitFailure
@@ -156,10 +165,20 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 		fmt.Fprintf(a.Stderr, "llmgate serve: cannot listen on %s: %v\n", cfg.Listen, err)
 		return exitFailure
 	}
-	srv := newHTTPServer(cfg.HTTPServer, s.gw.Handler(), cfg.RequestTimeout, log)
+	srv, limited := s.httpServer(cfg, ln, log)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	log.Info("llmgate gateway listening", "addr", "http://"+ln.Addr().String()+"/v1", "store", storeurl.Redact(cfg.Store), "http_server", cfg.HTTPServer)
+	scheme := "http"
+	go func() {
+		if cfg.Server.TLS() {
+			errc <- srv.ServeTLS(limited, cfg.Server.TLSCertFile, cfg.Server.TLSKeyFile)
+			return
+		}
+		errc <- srv.Serve(limited)
+	}()
+	if cfg.Server.TLS() {
+		scheme = "https"
+	}
+	log.Info("llmgate gateway listening", "addr", scheme+"://"+ln.Addr().String()+"/v1", "store", storeurl.Redact(cfg.Store))
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -181,40 +200,85 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 	return exitOK
 }
 
-// httpServer is what both kinds of server do for serve.
-type httpServer interface {
-	Serve(net.Listener) error
-	Shutdown(context.Context) error
+// httpServer returns net/http's server for the gateway, with the bounds of
+// cfg.Server, and the listener it must serve: ln, bounded to
+// server.max_connections.
+func (s *server) httpServer(cfg *config.Config, ln net.Listener, log *slog.Logger) (*http.Server, net.Listener) {
+	sv := cfg.Server
+	var reject []byte
+	if !sv.TLS() {
+		reject = tooManyConnections
+	}
+	rejected := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "llmgate_connections_rejected_total",
+		Help: "Client connections turned away because server.max_connections were open.",
+	})
+	limited := connlimit.New(ln, sv.MaxConnections, reject, rejected.Inc)
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "llmgate_connections_open", Help: "Client connections open now.",
+	}, func() float64 { return float64(limited.Open()) })
+	s.registry.MustRegister(rejected, open)
+	return &http.Server{
+		Handler:           s.gw.Handler(),
+		ReadHeaderTimeout: sv.ReadHeaderTimeout,
+		IdleTimeout:       sv.IdleTimeout,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}, limited
 }
 
-// newHTTPServer returns the server http_server names (validated already).
-// h1server bounds each request by requestTimeout, the gateway's own
-// bound, so that the gateway need not add a context of its own.
-func newHTTPServer(kind string, h http.Handler, requestTimeout time.Duration, log *slog.Logger) httpServer {
-	const readHeader, idle = 10 * time.Second, 2 * time.Minute
-	if kind == config.HTTPServerNetHTTP {
-		return &http.Server{
-			Handler:           h,
-			ReadHeaderTimeout: readHeader,
-			IdleTimeout:       idle,
-			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+// tooManyConnections is the answer to a connection over
+// server.max_connections: a 503 in OpenAI's error shape, then close.
+var tooManyConnections = func() []byte {
+	body := `{"error":{"message":"This gateway has as many client connections open as it accepts (server.max_connections). Retry shortly.","type":"service_unavailable","param":null,"code":"too_many_connections"}}` + "\n"
+	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+		strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
+
+// configSecrets returns every secret the configuration resolves: provider
+// keys and header values taken from the environment or files, tenant keys,
+// and the admin and metrics tokens. They are kept out of logs and of
+// everything relayed to clients.
+func configSecrets(cfg *config.Config, getenv func(string) string) ([]string, error) {
+	deps, err := cfg.Deployments(getenv)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, d := range deps {
+		out = append(out, d.APIKey)
+		for _, vs := range d.Header {
+			out = append(out, vs...)
 		}
 	}
-	return &h1server.Server{Handler: h, ReadHeaderTimeout: readHeader, IdleTimeout: idle, RequestTimeout: requestTimeout, Logger: log}
+	for _, env := range []string{cfg.AdminTokenEnv, cfg.MetricsTokenEnv} {
+		if env != "" {
+			out = append(out, getenv(env))
+		}
+	}
+	for _, t := range cfg.Tenants {
+		if t.APIKeyEnv != "" {
+			out = append(out, getenv(t.APIKeyEnv))
+		}
+	}
+	return out, nil
 }
 
-func newLogger(w io.Writer, c config.Log) *slog.Logger {
+// newLogger returns the gateway's logger, which never writes one of
+// secrets.
+func newLogger(w io.Writer, c config.Log, secrets []string) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: c.SlogLevel()}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		h = slog.NewJSONHandler(w, opts)
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(redact.New(secrets...).Handler(h))
 }
 
 // server is a running gateway with what it owns.
 type server struct {
-	gw      *gateway.Gateway
-	closers []func()
+	gw       *gateway.Gateway
+	registry *prometheus.Registry // served on /metrics
+	closers  []func()
 }
 
 func (s *server) close() {
@@ -225,8 +289,8 @@ func (s *server) close() {
 
 // startServer builds the stores, the simulated providers and the gateway
 // from cfg.
-func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err error) {
-	s := &server{}
+func (a *App) startServer(cfg *config.Config, log *slog.Logger, secrets []string) (_ *server, err error) {
+	s := &server{registry: prometheus.NewRegistry()}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -322,7 +386,13 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err 
 		TimeoutFloor:      cfg.Upstream.Timeout.Floor,
 		TimeoutCeiling:    cfg.Upstream.Timeout.Ceiling,
 		TimeoutMultiplier: cfg.Upstream.Timeout.Multiplier,
-		Logger:            log,
+		Transport: provider.NewTransport(provider.TransportConfig{
+			MaxConnsPerHost:        cfg.Upstream.MaxConnsPerHost,
+			MaxResponseHeaderBytes: int64(cfg.Upstream.MaxResponseHeaderBytes),
+			DialTimeout:            cfg.Upstream.DialTimeout,
+			TLSHandshakeTimeout:    cfg.Upstream.TLSHandshakeTimeout,
+		}),
+		Logger: log,
 		// gw is set before the server accepts its first request.
 		Feedback: func(t *provider.Target, f provider.Feedback) { gw.Feedback(t, f) },
 	})
@@ -340,6 +410,12 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err 
 		RequestTimeout: cfg.RequestTimeout,
 		IdleTimeout:    cfg.Upstream.IdleTimeout,
 		Logger:         log,
+		Registry:       s.registry,
+		Secrets:        secrets,
+
+		BodyTimeout:        cfg.Server.BodyTimeout,
+		WriteTimeout:       cfg.Server.WriteTimeout,
+		StreamWriteTimeout: cfg.Server.StreamWriteTimeout,
 
 		InProcessLimiter:    storeurl.IsMemory(cfg.Store),
 		RateLimitFailClosed: cfg.RateLimit.FailClosed,
@@ -402,9 +478,9 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err 
 		}
 		opt.Tenants[hash] = t
 	}
-	if tok := a.Getenv(cfg.AdminTokenEnv); tok != "" {
-		sum := sha256.Sum256([]byte(tok))
-		opt.AdminTokenSHA256 = hex.EncodeToString(sum[:])
+	opt.AdminTokenSHA256 = tokenHash(a.Getenv(cfg.AdminTokenEnv))
+	if cfg.MetricsTokenEnv != "" {
+		opt.MetricsTokenSHA256 = tokenHash(a.Getenv(cfg.MetricsTokenEnv))
 	}
 	if gw, err = gateway.New(opt); err != nil {
 		return nil, err
@@ -412,6 +488,15 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger) (_ *server, err 
 	s.gw = gw
 	go tokens.Warm() // ~0.1 s of loading the first request would otherwise wait for
 	return s, nil
+}
+
+// tokenHash is the hex SHA-256 of tok, or "" for an empty token.
+func tokenHash(tok string) string {
+	if tok == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(sum[:])
 }
 
 // gatewayTenant converts a configured tenant.

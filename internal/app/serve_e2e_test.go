@@ -3,7 +3,6 @@
 package app
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -22,7 +21,6 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/ssestream"
 
-	"github.com/llmgate/llmgate/internal/config"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -991,22 +989,11 @@ func TestE2ECheckConfig(t *testing.T) {
 // provider, says so, and serves the official SDK (JSON and stream).
 func TestE2EServeEmbeddedDefault(t *testing.T) {
 	logRuntime(t)
-	// The default server, and net/http's chosen through the environment.
-	for _, server := range []string{"", config.HTTPServerNetHTTP} {
-		t.Run("http_server="+server, func(t *testing.T) { testServeEmbeddedDefault(t, server) })
-	}
-}
-
-func testServeEmbeddedDefault(t *testing.T, server string) {
 	home := t.TempDir()
-	r := launchServe(t, "default", []string{"HOME=" + home, "OPENAI_API_KEY=", config.EnvHTTPServer + "=" + server}, "--listen", "127.0.0.1:0")
+	r := launchServe(t, "default", []string{"HOME=" + home, "OPENAI_API_KEY="}, "--listen", "127.0.0.1:0")
 	r.waitReady(t)
 	if !strings.Contains(r.stderr.String(), "running the embedded default (memory store, built-in simulated provider)") {
 		t.Errorf("serve does not say it runs the embedded default:\n%s", r.stderr.String())
-	}
-	want := cmp.Or(server, config.DefaultHTTPServer)
-	if !strings.Contains(r.stderr.String(), "http_server="+want) {
-		t.Errorf("serve does not say it runs the %s server:\n%s", want, r.stderr.String())
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()

@@ -83,7 +83,7 @@ func newShareBench(b *testing.B, store string, simCfg sim.Config, cache bool) *s
 	}
 	logs := testutil.NewBuffer()
 	a := &App{Stdin: strings.NewReader(""), Stdout: io.Discard, Stderr: io.Discard, Getenv: getenv, Environ: func() []string { return nil }}
-	s, err := a.startServer(cfg, newLogger(logs, cfg.Log))
+	s, err := a.startServer(cfg, newLogger(logs, cfg.Log, nil), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -30,17 +30,16 @@ var (
 	ErrSecret = errors.New("config: cannot resolve secret")
 )
 
-// The values of http_server.
-const (
-	HTTPServerLean    = "lean"
-	HTTPServerNetHTTP = "net/http"
-)
+// HTTPServerNetHTTP is the one value http_server may have: net/http's
+// server serves every request. "lean", the hand-written server of earlier
+// versions, is gone and Validate says so.
+const HTTPServerNetHTTP = "net/http"
 
 // Defaults, applied by SetDefaults to every field left unset (see
 // docs/config.md).
 const (
 	DefaultListen            = "127.0.0.1:8080"
-	DefaultHTTPServer        = HTTPServerLean
+	DefaultHTTPServer        = HTTPServerNetHTTP
 	DefaultStore             = "memory"
 	DefaultAdminTokenEnv     = "LLMGATE_ADMIN_TOKEN"
 	DefaultMaxBodyBytes      = 8 * MiB
@@ -57,7 +56,19 @@ const (
 	DefaultTimeoutCeiling    = 300 * time.Second
 	DefaultTimeoutMultiplier = 4.0
 	DefaultIdleTimeout       = 120 * time.Second
-	DefaultReservationTTL    = budget.DefaultTTL
+	// The client-facing server's bounds (server:).
+	DefaultReadHeaderTimeout  = 10 * time.Second
+	DefaultBodyTimeout        = 60 * time.Second
+	DefaultWriteTimeout       = 60 * time.Second
+	DefaultStreamWriteTimeout = 60 * time.Second
+	DefaultServerIdleTimeout  = 2 * time.Minute
+	DefaultMaxConnections     = 4096
+	// The upstream transport's bounds (upstream:).
+	DefaultMaxConnsPerHost        = 1024
+	DefaultMaxResponseHeaderBytes = 10 * MiB
+	DefaultDialTimeout            = 30 * time.Second
+	DefaultTLSHandshakeTimeout    = 10 * time.Second
+	DefaultReservationTTL         = budget.DefaultTTL
 	// DefaultOpenAIBaseURL is the base URL of the provider Default builds
 	// when OPENAI_API_KEY is set.
 	DefaultOpenAIBaseURL = "https://api.openai.com/v1"
@@ -123,10 +134,12 @@ type Config struct {
 	// Listen is the gateway's host:port. Default "127.0.0.1:8080"; env
 	// LLMGATE_LISTEN.
 	Listen string `yaml:"listen"`
-	// HTTPServer is what serves the gateway's HTTP/1.1: "lean" (default,
-	// internal/h1server: less work per request) or "net/http" (the
-	// standard library's server). Env LLMGATE_HTTP_SERVER.
+	// HTTPServer may only be "net/http" (the default), kept so that older
+	// files still load. Env LLMGATE_HTTP_SERVER.
 	HTTPServer string `yaml:"http_server"`
+	// Server bounds what one client connection may hold: time, and the
+	// number of connections. It also turns on TLS.
+	Server Server `yaml:"server"`
 	// Store is "memory" (default: one process) or a redis://, rediss:// or
 	// unix:// URL shared by every replica; env LLMGATE_STORE.
 	Store string `yaml:"store"`
@@ -139,6 +152,10 @@ type Config struct {
 	// token. Default "LLMGATE_ADMIN_TOKEN"; the admin API is off when that
 	// variable is empty.
 	AdminTokenEnv string `yaml:"admin_token_env"`
+	// MetricsTokenEnv names the environment variable holding the token
+	// that GET /metrics requires as a bearer token. Empty (the default):
+	// /metrics is open to anyone who reaches the listener.
+	MetricsTokenEnv string `yaml:"metrics_token_env"`
 	// MaxBodyBytes is the largest request body accepted. Default 8 MiB.
 	MaxBodyBytes Size `yaml:"max_body_bytes"`
 	// MaxWait is how long a request may wait for admission before it gets
@@ -226,7 +243,49 @@ type Upstream struct {
 	// IdleTimeout is the longest gap allowed between two bytes of a
 	// response body (stream). Default 120s.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConnsPerHost bounds the connections to one provider host, idle or
+	// busy: a burst waits for a free connection instead of opening one TLS
+	// handshake per request. HTTP/2 carries many requests per connection.
+	// Default 1024.
+	MaxConnsPerHost int `yaml:"max_conns_per_host"`
+	// MaxResponseHeaderBytes bounds a provider answer's headers, 1xx
+	// answers included; more is a 502. Default 10MiB, as net/http's.
+	MaxResponseHeaderBytes Size `yaml:"max_response_header_bytes"`
+	// DialTimeout and TLSHandshakeTimeout bound opening a connection to a
+	// provider. Defaults 30s and 10s.
+	DialTimeout         time.Duration `yaml:"dial_timeout"`
+	TLSHandshakeTimeout time.Duration `yaml:"tls_handshake_timeout"`
 }
+
+// Server configures the client-facing HTTP server (net/http's).
+type Server struct {
+	// TLSCertFile and TLSKeyFile are a PEM certificate chain and its key.
+	// With both set the listener serves HTTPS, with HTTP/2; without, plain
+	// HTTP/1.1.
+	TLSCertFile string `yaml:"tls_cert_file"`
+	TLSKeyFile  string `yaml:"tls_key_file"`
+	// ReadHeaderTimeout bounds the reading of a request's headers.
+	// Default 10s.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// BodyTimeout bounds the reading of a request's body, from the moment
+	// the gateway starts to read it. Default 60s.
+	BodyTimeout time.Duration `yaml:"body_timeout"`
+	// WriteTimeout bounds the writing of a non-streamed answer to a client
+	// that does not read it. Default 60s.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// StreamWriteTimeout bounds the writing of one event of a stream: a
+	// client that takes nothing for this long is cut. Default 60s.
+	StreamWriteTimeout time.Duration `yaml:"stream_write_timeout"`
+	// IdleTimeout closes a keep-alive connection that sends no request for
+	// this long. Default 2m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConnections bounds the open client connections; one more is
+	// answered 503 and closed (closed at once over TLS). Default 4096.
+	MaxConnections int `yaml:"max_connections"`
+}
+
+// TLS reports whether the server is configured for HTTPS.
+func (s Server) TLS() bool { return s.TLSCertFile != "" || s.TLSKeyFile != "" }
 
 // Breaker is a circuit breaker per deployment.
 type Breaker struct {
@@ -552,6 +611,23 @@ func (c *Config) SetDefaults(getenv func(string) string) {
 		u.Timeout.Multiplier = DefaultTimeoutMultiplier
 	}
 	setDuration(&u.IdleTimeout, DefaultIdleTimeout)
+	if u.MaxConnsPerHost == 0 {
+		u.MaxConnsPerHost = DefaultMaxConnsPerHost
+	}
+	if u.MaxResponseHeaderBytes == 0 {
+		u.MaxResponseHeaderBytes = DefaultMaxResponseHeaderBytes
+	}
+	setDuration(&u.DialTimeout, DefaultDialTimeout)
+	setDuration(&u.TLSHandshakeTimeout, DefaultTLSHandshakeTimeout)
+	sv := &c.Server
+	setDuration(&sv.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	setDuration(&sv.BodyTimeout, DefaultBodyTimeout)
+	setDuration(&sv.WriteTimeout, DefaultWriteTimeout)
+	setDuration(&sv.StreamWriteTimeout, DefaultStreamWriteTimeout)
+	setDuration(&sv.IdleTimeout, DefaultServerIdleTimeout)
+	if sv.MaxConnections == 0 {
+		sv.MaxConnections = DefaultMaxConnections
+	}
 	setDuration(&c.Budget.ReservationTTL, DefaultReservationTTL)
 	setString(&c.Sessions.Header, DefaultSessionHeader)
 	setDuration(&c.RateLimit.ReservationHold, DefaultReservationHold)

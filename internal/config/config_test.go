@@ -96,14 +96,18 @@ max_body_bytes: 512KiB
 max_wait: 0s
 request_timeout: 2m
 log: {level: debug, format: json}
-upstream: {max_attempts: 1, backoff_base: 1s, backoff_max: 2s, breaker: {failures: 2, open_for: 1m}, timeout: {floor: 1s, ceiling: 2s, multiplier: 1.5}, idle_timeout: 5s}
+upstream: {max_attempts: 1, backoff_base: 1s, backoff_max: 2s, breaker: {failures: 2, open_for: 1m}, timeout: {floor: 1s, ceiling: 2s, multiplier: 1.5}, idle_timeout: 5s,
+  max_conns_per_host: 7, max_response_header_bytes: 64KiB, dial_timeout: 3s, tls_handshake_timeout: 4s}
+server: {read_header_timeout: 1s, body_timeout: 2s, write_timeout: 3s, stream_write_timeout: 4s, idle_timeout: 5s, max_connections: 6}
 budget: {fail_open: true, reservation_ttl: 1h}
 ratelimit: {fail_closed: true}
 prices: {house: {input_per_mtok: 1, output_per_mtok: 2}, gpt-4o: {input_per_mtok: 9, output_per_mtok: 9}}
 `, nil)
 	if c.Listen != "127.0.0.1:9999" || c.Store != "redis://localhost:6379/1" || c.MaxBodyBytes != 512*KiB || c.MaxWait != 0 ||
 		c.RequestTimeout != 2*time.Minute || c.Log != (Log{"debug", "json"}) ||
-		c.Upstream != (Upstream{1, time.Second, 2 * time.Second, Breaker{2, time.Minute}, Timeout{time.Second, 2 * time.Second, 1.5}, 5 * time.Second}) ||
+		c.Upstream != (Upstream{1, time.Second, 2 * time.Second, Breaker{2, time.Minute}, Timeout{time.Second, 2 * time.Second, 1.5}, 5 * time.Second,
+			7, 64 * KiB, 3 * time.Second, 4 * time.Second}) ||
+		c.Server != (Server{"", "", time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second, 6}) ||
 		c.Budget != (BudgetStore{true, time.Hour}) || !c.RateLimit.FailClosed {
 		t.Errorf("explicit values lost: %+v", c)
 	}
@@ -195,7 +199,7 @@ func TestSyntaxErrors(t *testing.T) {
 		want       []string
 	}{
 		{"unknown top-level key", providerBlock + "listne: 1", []string{
-			"line 7: listne: unknown key; known keys: listen, http_server, store, state_dir, admin_token_env, max_body_bytes, max_wait, request_timeout, log, upstream, providers, models, tenants, prices, budget, ratelimit, sessions, dedup, cache"}},
+			"line 7: listne: unknown key; known keys: listen, http_server, server, store, state_dir, admin_token_env, metrics_token_env, max_body_bytes, max_wait, request_timeout, log, upstream, providers, models, tenants, prices, budget, ratelimit, sessions, dedup, cache"}},
 		{"unknown nested key", "providers:\n  - name: a\n    base_urll: x", []string{
 			"line 3: providers[0].base_urll: unknown key; known keys: name, type, base_url, api_key_env, api_key_envs, api_key_file, models, limits, model_limits, headers, simulated"}},
 		{"unknown limits key", "providers: [{name: a, limits: {rpm: 1, rps: 2}}]", []string{

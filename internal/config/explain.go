@@ -30,11 +30,15 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string) {
 
 	p("Configuration: %s\n", c.describeSource())
 	row("listen", "%s%s", c.Listen, c.envNote("listen"))
-	if c.HTTPServer == HTTPServerLean {
-		row("http server", "lean (llmgate's own HTTP/1.1 server)%s", c.envNote("http_server"))
-	} else {
-		row("http server", "%s (the standard library's)%s", c.HTTPServer, c.envNote("http_server"))
+	sv := c.Server
+	scheme := "HTTP/1.1"
+	if sv.TLS() {
+		scheme = "HTTPS with HTTP/2, certificate " + sv.TLSCertFile
 	}
+	row("http server", "net/http, %s; at most %d connections", scheme, sv.MaxConnections)
+	row("client bounds", "headers %s, body %s, answer write %s, stream event write %s, idle %s",
+		durationString(sv.ReadHeaderTimeout), durationString(sv.BodyTimeout), durationString(sv.WriteTimeout),
+		durationString(sv.StreamWriteTimeout), durationString(sv.IdleTimeout))
 	if storeurl.IsMemory(c.Store) {
 		row("store", "%s%s: one process; budgets and usage persist in %s%s", c.Store, c.envNote("store"), c.StateDir, c.envNote("state_dir"))
 	} else {

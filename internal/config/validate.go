@@ -1,8 +1,10 @@
 package config
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net"
 	"net/netip"
@@ -121,10 +123,13 @@ func (v *validator) top() {
 	}
 
 	switch c.HTTPServer {
-	case HTTPServerLean, HTTPServerNetHTTP:
+	case HTTPServerNetHTTP:
+	case "lean":
+		v.add("http_server", "lean, llmgate's own HTTP/1.1 server, was removed: net/http's serves every request now; delete the setting")
 	default:
-		v.add("http_server", "%s is not a server; use lean (the default) or net/http", quote(c.HTTPServer))
+		v.add("http_server", "%s is not a server; net/http is the only one (delete the setting)", quote(c.HTTPServer))
 	}
+	v.server()
 
 	switch {
 	case c.Store == "":
@@ -234,6 +239,57 @@ func (v *validator) upstream() {
 	if u.IdleTimeout <= 0 {
 		v.add("upstream.idle_timeout", "is %v; must be > 0, e.g. 2m", u.IdleTimeout)
 	}
+	if u.MaxConnsPerHost < 0 {
+		v.add("upstream.max_conns_per_host", "is %d; must be > 0, e.g. %d", u.MaxConnsPerHost, DefaultMaxConnsPerHost)
+	}
+	if u.MaxResponseHeaderBytes < 4*KiB || u.MaxResponseHeaderBytes > 1*GiB {
+		v.add("upstream.max_response_header_bytes", "is %d bytes; use 4KiB to 1GiB, e.g. 10MiB", int64(u.MaxResponseHeaderBytes))
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"upstream.dial_timeout", u.DialTimeout}, {"upstream.tls_handshake_timeout", u.TLSHandshakeTimeout}} {
+		if d.v < 0 {
+			v.add(d.key, "is %v; must be > 0, e.g. 10s", d.v)
+		}
+	}
+}
+
+// server checks the client-facing server's settings.
+func (v *validator) server() {
+	s := v.c.Server
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"server.read_header_timeout", s.ReadHeaderTimeout}, {"server.body_timeout", s.BodyTimeout},
+		{"server.write_timeout", s.WriteTimeout}, {"server.stream_write_timeout", s.StreamWriteTimeout},
+		{"server.idle_timeout", s.IdleTimeout},
+	} {
+		if d.v < 0 {
+			v.add(d.key, "is %v; must be > 0, e.g. 60s", d.v)
+		}
+	}
+	if s.MaxConnections < 0 {
+		v.add("server.max_connections", "is %d; must be > 0, e.g. %d", s.MaxConnections, DefaultMaxConnections)
+	}
+	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") {
+		v.add("server.tls_cert_file", "and server.tls_key_file go together: set both for HTTPS, or neither")
+	} else if s.TLS() {
+		if _, err := tls.LoadX509KeyPair(s.TLSCertFile, s.TLSKeyFile); err != nil {
+			v.add("server.tls_cert_file", "cannot be loaded with its key: %s", tlsProblem(err))
+		}
+	}
+}
+
+// tlsProblem says what is wrong with a certificate and key pair without
+// quoting their content.
+func tlsProblem(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Op + " " + pe.Path + ": " + pe.Err.Error()
+	}
+	return "the files are not a PEM certificate and its matching private key"
 }
 
 func (v *validator) providers() {

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/respcache"
 )
@@ -27,7 +26,7 @@ func (g *Gateway) cacheFor(r *http.Request, c *call) (*cacheFill, *apiError) {
 	if g.opt.Cache == nil {
 		return nil, nil
 	}
-	switch v := strings.ToLower(strings.TrimSpace(h1.Get(r.Header, "X-Llmgate-Cache"))); v {
+	switch v := strings.ToLower(strings.TrimSpace(r.Header.Get("X-Llmgate-Cache"))); v {
 	case "":
 	case "skip", "no-store", "off":
 		return nil, nil
@@ -39,7 +38,7 @@ func (g *Gateway) cacheFor(r *http.Request, c *call) (*cacheFill, *apiError) {
 	if tc := c.tenant.Cache; tc != nil && (tc.Models == nil || tc.Models[c.req.Model]) {
 		ttl = tc.TTL
 	}
-	if v := h1.Get(r.Header, "X-Llmgate-Cache-Ttl"); v != "" {
+	if v := r.Header.Get("X-Llmgate-Cache-Ttl"); v != "" {
 		d, err := parseTTL(v, g.opt.CacheMaxTTL)
 		if err != nil {
 			return nil, errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-cache-ttl",

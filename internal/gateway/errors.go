@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"net/http"
 
-	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/openai"
 )
 
@@ -33,7 +32,7 @@ func validRequestID(s string) bool {
 // setRequestID sets x-request-id on the response (the client's, if it sent
 // a usable one) and returns it.
 func setRequestID(w http.ResponseWriter, r *http.Request) []string {
-	id := h1.Get(r.Header, "X-Request-Id")
+	id := r.Header.Get("X-Request-Id")
 	if !validRequestID(id) {
 		var b [12]byte
 		_, _ = rand.Read(b[:])

@@ -22,8 +22,8 @@ import (
 
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/dedup"
-	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/internal/redact"
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/lock"
 	"github.com/llmgate/llmgate/ratelimit"
@@ -194,6 +194,24 @@ type Options struct {
 	// AdminTokenSHA256 is the hex SHA-256 of the admin API token; empty
 	// disables /admin/.
 	AdminTokenSHA256 string
+	// MetricsTokenSHA256 is the hex SHA-256 of the token /metrics asks
+	// for; empty leaves /metrics open.
+	MetricsTokenSHA256 string
+	// Secrets are removed from everything relayed from a provider to a
+	// client (headers, bodies, stream events): providers echo keys back in
+	// error messages. The provider keys and the admin and metrics tokens,
+	// in practice.
+	Secrets []string
+
+	// BodyTimeout bounds the reading of a request body (408 past it).
+	// Default DefaultBodyTimeout.
+	BodyTimeout time.Duration
+	// WriteTimeout bounds each write of a non-streamed answer to the
+	// client, and StreamWriteTimeout each event of a stream: a client
+	// that does not read is cut. Defaults DefaultWriteTimeout and
+	// DefaultStreamWriteTimeout.
+	WriteTimeout       time.Duration
+	StreamWriteTimeout time.Duration
 
 	Logger *slog.Logger
 	// Registry receives the gateway's Prometheus metrics; nil means a new
@@ -206,6 +224,9 @@ const (
 	DefaultMaxBodyBytes       = 8 << 20
 	DefaultMaxWait            = 30 * time.Second
 	DefaultRequestTimeout     = 10 * time.Minute
+	DefaultBodyTimeout        = 60 * time.Second
+	DefaultWriteTimeout       = 60 * time.Second
+	DefaultStreamWriteTimeout = 60 * time.Second
 	DefaultIdleTimeout        = 2 * time.Minute
 	DefaultCompletionEstimate = 256
 	DefaultReservationHold    = 2 * time.Minute
@@ -221,6 +242,7 @@ type Gateway struct {
 	mux      *http.ServeMux
 	metrics  *metrics
 	registry *prometheus.Registry
+	redact   *redact.Redactor // the secrets kept from clients
 	// byTarget maps "provider/model" to its deployments (one per key).
 	byTarget map[string][]*deployment
 	deps     []*deployment
@@ -263,6 +285,9 @@ func New(opt Options) (*Gateway, error) {
 	positive(&opt.IdempotencyTTL, DefaultIdempotencyTTL)
 	positive(&opt.CacheMaxTTL, DefaultCacheMaxTTL)
 	positive(&opt.SessionTTL, DefaultSessionTTL)
+	positive(&opt.BodyTimeout, DefaultBodyTimeout)
+	positive(&opt.WriteTimeout, DefaultWriteTimeout)
+	positive(&opt.StreamWriteTimeout, DefaultStreamWriteTimeout)
 	if opt.MaxWait < 0 {
 		opt.MaxWait = 0
 	} else if opt.MaxWait == 0 {
@@ -284,6 +309,7 @@ func New(opt Options) (*Gateway, error) {
 	}
 	g := &Gateway{
 		opt:      opt,
+		redact:   redact.New(opt.Secrets...),
 		log:      opt.Logger,
 		registry: reg,
 		byTarget: make(map[string][]*deployment),
@@ -368,12 +394,12 @@ func (g *Gateway) authenticate(r *http.Request) (*Tenant, *apiError) {
 // bearer returns the token of an "Authorization: Bearer" header (also
 // accepting OpenAI's "api-key" header used by Azure SDKs).
 func bearer(r *http.Request) (string, bool) {
-	h := h1.Get(r.Header, "Authorization")
+	h := r.Header.Get("Authorization")
 	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
 		tok := strings.TrimSpace(h[7:])
 		return tok, tok != ""
 	}
-	if k := strings.TrimSpace(h1.Get(r.Header, "Api-Key")); k != "" {
+	if k := strings.TrimSpace(r.Header.Get("Api-Key")); k != "" {
 		return k, true
 	}
 	return "", false
@@ -388,16 +414,22 @@ func (g *Gateway) admin(h http.HandlerFunc) http.HandlerFunc {
 				"The admin API is disabled: set the admin token (admin_token_env) to enable it.").Write(w)
 			return
 		}
-		tok, _ := bearer(r)
-		sum := sha256.Sum256([]byte(tok))
-		want, err := hex.DecodeString(g.opt.AdminTokenSHA256)
-		if err != nil || tok == "" || subtle.ConstantTimeCompare(sum[:], want) != 1 {
+		if !tokenMatches(r, g.opt.AdminTokenSHA256) {
 			errf(http.StatusUnauthorized, "authentication_error", "invalid_admin_token", "",
 				"The admin API needs the admin token as 'Authorization: Bearer TOKEN'.").Write(w)
 			return
 		}
 		h(w, r)
 	}
+}
+
+// tokenMatches reports whether r carries the bearer token whose hex
+// SHA-256 is wantSHA256, compared in constant time.
+func tokenMatches(r *http.Request, wantSHA256 string) bool {
+	tok, _ := bearer(r)
+	sum := sha256.Sum256([]byte(tok))
+	want, err := hex.DecodeString(wantSHA256)
+	return err == nil && tok != "" && subtle.ConstantTimeCompare(sum[:], want) == 1
 }
 
 func (g *Gateway) serveHealth(w http.ResponseWriter, r *http.Request) {

@@ -6,12 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
-	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/tokens"
 	"github.com/llmgate/llmgate/ratelimit"
@@ -76,7 +76,10 @@ func (c *call) priceModel() string {
 }
 
 // serve runs the pipeline for one of the proxied POST endpoints.
-func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoint) {
+func (g *Gateway) serve(rw http.ResponseWriter, r *http.Request, ep openai.Endpoint) {
+	cw := newClientWriter(rw, g.opt.WriteTimeout, g.metrics.clientTimeout.WithLabelValues("write").Inc)
+	defer cw.release()
+	var w http.ResponseWriter = cw
 	idHeader := setRequestID(w, r)
 	c := &call{id: idHeader[0], idHeader: idHeader, start: time.Now(), outcome: "error"}
 	// Usage is recorded after the last byte went out (a stream's, a
@@ -86,18 +89,16 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, ep openai.Endpoi
 	defer g.pending.Done()
 	defer g.record(r, c, ep)
 	ctx := r.Context()
-	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > g.opt.RequestTimeout {
-		// The server did not bound the request as closely already (an
-		// h1server with RequestTimeout does: one context less).
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, g.opt.RequestTimeout)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, g.opt.RequestTimeout)
+	defer cancel()
 
 	cache, fl, aerr := g.prepare(w, r, ep, c)
 	if aerr != nil {
 		aerr.Write(w)
 		return
+	}
+	if c.req.Stream {
+		cw.timeout = g.opt.StreamWriteTimeout
 	}
 	// Cache, then de-duplication, then the session, then admission: a hit
 	// or a follower costs no session turn, limit or budget.
@@ -178,11 +179,19 @@ func (g *Gateway) record(r *http.Request, c *call, ep openai.Endpoint) {
 	}
 }
 
-// readBody reads the request body up to the configured limit.
+// readBody reads the request body up to the configured limit, within the
+// body timeout: a client that trickles its body (a byte every few
+// seconds) would otherwise hold the connection for as long as it likes.
 func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	if r.ContentLength > g.opt.MaxBodyBytes {
 		return nil, g.tooLarge()
 	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(g.opt.BodyTimeout))
+	// Lifted once the body is in: net/http goes on reading the
+	// connection in the background to notice a client that leaves, and a
+	// deadline passing there would cancel the request.
+	defer rc.SetReadDeadline(time.Time{})
 	size := 4096
 	if r.ContentLength > 0 {
 		size = int(r.ContentLength) + 1 // +1 so ReadAll sees EOF without growing
@@ -200,6 +209,11 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api
 			if errors.As(err, &mbe) {
 				return nil, g.tooLarge()
 			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				g.metrics.clientTimeout.WithLabelValues("body").Inc()
+				return nil, errf(http.StatusRequestTimeout, openai.TypeInvalidRequest, "request_timeout", "",
+					"The request body did not arrive within %s.", g.opt.BodyTimeout)
+			}
 			return nil, openai.BadRequest("", "The request body could not be read: the connection ended early.")
 		}
 		if len(buf) == cap(buf) {
@@ -216,7 +230,7 @@ func (g *Gateway) tooLarge() *apiError {
 // readHints applies the x-llmgate-priority and x-llmgate-max-wait headers.
 func (g *Gateway) readHints(r *http.Request, c *call) *apiError {
 	c.priority = c.tenant.Priority
-	if p := h1.Get(r.Header, "X-Llmgate-Priority"); p != "" {
+	if p := r.Header.Get("X-Llmgate-Priority"); p != "" {
 		switch strings.ToLower(strings.TrimSpace(p)) {
 		case "interactive":
 			c.priority = ratelimit.Interactive
@@ -231,7 +245,7 @@ func (g *Gateway) readHints(r *http.Request, c *call) *apiError {
 	if c.tenant.MaxWait != nil {
 		c.maxWait = *c.tenant.MaxWait
 	}
-	if v := h1.Get(r.Header, "X-Llmgate-Max-Wait"); v != "" {
+	if v := r.Header.Get("X-Llmgate-Max-Wait"); v != "" {
 		d, err := parseWait(v)
 		if err != nil {
 			return errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-max-wait",

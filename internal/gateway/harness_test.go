@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -20,7 +19,6 @@ import (
 	"github.com/llmgate/llmgate/clock"
 	"github.com/llmgate/llmgate/dedup"
 	dedupmemory "github.com/llmgate/llmgate/dedup/memory"
-	"github.com/llmgate/llmgate/internal/h1server"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/sim"
@@ -66,9 +64,6 @@ type harnessConfig struct {
 	// answer, 429s included, as providers that do not advertise their
 	// quota do: the gateway then learns it only from a 429's message.
 	hideLimits bool
-	// netHTTP serves the gateway with net/http's server instead of
-	// internal/h1server, llmgate serve's default.
-	netHTTP bool
 }
 
 // hideRateHeaders drops the x-ratelimit-* headers of every answer of next.
@@ -206,7 +201,7 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 		t.Fatal(err)
 	}
 	h.gw = gw
-	url, stop := serveGateway(t, gw.Handler(), hc.netHTTP)
+	url, stop := serveGateway(gw.Handler())
 	t.Cleanup(func() {
 		stop()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -222,27 +217,11 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 	return h
 }
 
-// serveGateway serves h on a loopback port, with internal/h1server or
-// with net/http's server, and returns its URL and how to stop it.
-func serveGateway(t *testing.T, h http.Handler, netHTTP bool) (string, func()) {
-	if netHTTP {
-		srv := httptest.NewServer(h)
-		return srv.URL, srv.Close
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &h1server.Server{Handler: h}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(ln)
-	}()
-	return "http://" + ln.Addr().String(), func() {
-		_ = srv.Close()
-		<-done
-	}
+// serveGateway serves h on a loopback port with net/http's server, as
+// llmgate serve does, and returns its URL and how to stop it.
+func serveGateway(h http.Handler) (string, func()) {
+	srv := httptest.NewServer(h)
+	return srv.URL, srv.Close
 }
 
 // client returns an official SDK client for the gateway with key.

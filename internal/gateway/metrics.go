@@ -32,6 +32,7 @@ type metrics struct {
 	dedup         *prometheus.CounterVec
 	cache         *prometheus.CounterVec
 	settleErrors  prometheus.Counter
+	clientTimeout *prometheus.CounterVec
 
 	// The series every request touches, by label values: WithLabelValues
 	// hashes and checks every value on each call.
@@ -162,9 +163,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		settleErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgate_settle_errors_total", Help: "Finished requests whose usage could not be recorded in the store.",
 		}),
+		clientTimeout: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgate_client_timeouts_total",
+			Help: "Client connections cut because the client was too slow, by what it was slow at: body (sending the request body), write (taking an answer or a stream event).",
+		}, []string{"kind"}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.upstream, m.tokens, m.cost, m.limited,
-		m.budgetDenied, m.fallbacks, m.feedback429, m.learned, m.retries429, m.admissionWait, m.sessionWait, m.dedup, m.cache, m.settleErrors} {
+		m.budgetDenied, m.fallbacks, m.feedback429, m.learned, m.retries429, m.admissionWait, m.sessionWait, m.dedup, m.cache, m.settleErrors, m.clientTimeout} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -191,6 +196,20 @@ func (m *metrics) observeRequest(c *call, ep openai.Endpoint, model string) {
 	}).Observe(time.Since(c.start).Seconds())
 }
 
+// metricsHandler serves /metrics, behind the metrics token when one is
+// configured: the series name tenants, models and their spend.
 func (g *Gateway) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})
+	h := promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})
+	if g.opt.MetricsTokenSHA256 == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !tokenMatches(r, g.opt.MetricsTokenSHA256) {
+			setRequestID(w, r)
+			errf(http.StatusUnauthorized, "authentication_error", "invalid_metrics_token", "",
+				"/metrics needs the metrics token as 'Authorization: Bearer TOKEN'.").Write(w)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
-	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/provider"
 )
@@ -238,7 +237,7 @@ const maxRetries429 = 3
 // a quota exhaustion (no retry will help) and the request's deadline leaves
 // room for the provider's retry-after.
 func (g *Gateway) worthRetrying(ctx context.Context, resp *http.Response) bool {
-	if strings.EqualFold(h1.Get(resp.Header, "X-Should-Retry"), "false") {
+	if strings.EqualFold(resp.Header.Get("X-Should-Retry"), "false") {
 		return false
 	}
 	if dl, ok := ctx.Deadline(); ok {
@@ -302,7 +301,7 @@ func upstreamHeader(r *http.Request, c *call) http.Header {
 			h[k] = v
 		}
 	}
-	if h1.Get(h, "Content-Type") == "" {
+	if h.Get("Content-Type") == "" {
 		h["Content-Type"] = jsonContentType
 	}
 	h["X-Request-Id"] = c.idHeader // the slice the answer's header has: values are only read
@@ -341,13 +340,16 @@ var skipResponseHeaders = map[string]bool{
 	"X-Ratelimit-Limit-Tokens": true, "X-Ratelimit-Remaining-Tokens": true, "X-Ratelimit-Reset-Tokens": true,
 }
 
-func copyResponseHeader(dst, src http.Header) {
+// copyResponseHeader copies the provider's headers that a client may see,
+// with every secret redacted (a provider may echo a key back).
+func (g *Gateway) copyResponseHeader(dst, src http.Header) {
 	for k, v := range src {
 		if skipResponseHeaders[k] {
 			continue
 		}
 		dst[k] = v
 	}
+	g.redact.Header(dst)
 	if id := src["X-Request-Id"]; len(id) > 0 {
 		dst["X-Upstream-Request-Id"] = id
 	}
@@ -357,12 +359,12 @@ func copyResponseHeader(dst, src http.Header) {
 func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm admitted, res budget.Reservation, resp *http.Response) {
 	defer resp.Body.Close()
 	h := w.Header()
-	copyResponseHeader(h, resp.Header)
+	g.copyResponseHeader(h, resp.Header)
 	setRateHeaders(h, adm.decision.Limits)
 	h["X-Llmgate-Deployment"] = adm.dep.nameHeader
 	g.metrics.upstreamAnswer(adm.dep.Name, resp.StatusCode)
 
-	if resp.StatusCode == http.StatusOK && c.req.Stream && strings.HasPrefix(h1.Get(resp.Header, "Content-Type"), "text/event-stream") {
+	if resp.StatusCode == http.StatusOK && c.req.Stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		g.relayStream(ctx, w, c, adm, res, resp)
 		return
 	}
@@ -384,6 +386,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 			"The provider's answer could not be read.").Write(w)
 		return
 	}
+	body = g.redact.Bytes(body) // error messages quote keys back
 	h["Content-Length"] = []string{itoa(int64(len(body)))}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(body)
@@ -474,6 +477,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 				}
 			}
 		}
+		raw = g.redact.Bytes(raw)
 		if len(raw) > 0 && clientOK && err == nil {
 			if _, werr := w.Write(raw); werr != nil || rc.Flush() != nil {
 				clientOK = false

@@ -15,17 +15,7 @@ import (
 // TestOfficialSDK drives the gateway with the official Go SDK, unchanged
 // apart from its base URL, through to the simulated provider.
 func TestOfficialSDK(t *testing.T) {
-	for _, netHTTP := range []bool{false, true} {
-		t.Run(map[bool]string{false: "h1server", true: "net/http"}[netHTTP], func(t *testing.T) {
-			testOfficialSDK(t, netHTTP)
-		})
-	}
-}
-
-// testOfficialSDK runs the official SDK's calls through the gateway, served
-// by internal/h1server or by net/http's server.
-func testOfficialSDK(t *testing.T, netHTTP bool) {
-	h := newHarness(t, harnessConfig{netHTTP: netHTTP})
+	h := newHarness(t, harnessConfig{})
 	client := h.client(tenantKey)
 	ctx := t.Context()
 	params := openai.ChatCompletionNewParams{

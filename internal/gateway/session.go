@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/lock"
 )
@@ -25,8 +24,8 @@ const (
 // session header's value or, with "x-llmgate-session: user" and no session
 // header, the body's user field.
 func (g *Gateway) sessionID(r *http.Request, body []byte) (string, *apiError) {
-	id, param, code := h1.Get(r.Header, g.opt.SessionHeader), g.opt.SessionHeader, "invalid_header"
-	switch v := strings.ToLower(strings.TrimSpace(h1.Get(r.Header, "X-Llmgate-Session"))); v {
+	id, param, code := r.Header.Get(g.opt.SessionHeader), g.opt.SessionHeader, "invalid_header"
+	switch v := strings.ToLower(strings.TrimSpace(r.Header.Get("X-Llmgate-Session"))); v {
 	case "":
 	case "user":
 		if id != "" {

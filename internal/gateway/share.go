@@ -13,7 +13,6 @@ import (
 
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/dedup"
-	"github.com/llmgate/llmgate/internal/h1"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/respcache"
 )
@@ -70,7 +69,7 @@ func (g *Gateway) flightFor(r *http.Request, c *call, cached bool) (*flight, *ap
 	if g.opt.Dedup == nil {
 		return nil, nil
 	}
-	idem := h1.Get(r.Header, "Idempotency-Key")
+	idem := r.Header.Get("Idempotency-Key")
 	auto := (g.opt.DedupDeterministic && c.req.Temperature != nil && *c.req.Temperature == 0) ||
 		g.opt.DedupModels[c.req.Model] || c.tenant.Dedup || cached
 	if idem == "" && !auto {

@@ -37,8 +37,7 @@ const (
 	// httputil.ReverseProxy, tuned Transport, nothing else.
 	VariantProxy = "proxy"
 	// VariantMemory goes through llmgate on the memory store. The llmgate
-	// variants are served by internal/h1server, as llmgate serve's
-	// default http_server is.
+	// variants are served by net/http's server, as llmgate serve is.
 	VariantMemory = "memory"
 	// VariantRedis goes through llmgate on a Redis store.
 	VariantRedis = "redis"
@@ -47,17 +46,14 @@ const (
 	// per request.
 	VariantRedisStrict = "redis-strict"
 	// VariantFloor goes through net/http's server and llmgate's upstream
-	// transport (internal/h1), relaying the body and doing nothing else:
-	// what a gateway built like llmgate costs before any of its own work.
-	// Not measured unless asked for.
+	// transport (provider.NewTransport), relaying the body and doing
+	// nothing else: what a gateway built like llmgate costs before any of
+	// its own work. Not measured unless asked for.
 	VariantFloor = "floor"
-	// VariantMemoryNetHTTP is VariantMemory served by net/http's server
-	// (http_server: net/http). Not measured unless asked for.
-	VariantMemoryNetHTTP = "memory-nethttp"
 )
 
 // AllVariants lists every variant, in the order reports show them.
-var AllVariants = []string{VariantDirect, VariantProxy, VariantFloor, VariantMemory, VariantMemoryNetHTTP, VariantRedis, VariantRedisStrict}
+var AllVariants = []string{VariantDirect, VariantProxy, VariantFloor, VariantMemory, VariantRedis, VariantRedisStrict}
 
 // DefaultVariants are the variants measured when none are named: the
 // issue's.
@@ -117,13 +113,6 @@ type GatewayFactory func(ctx context.Context, variant, store, upstreamBaseURL st
 // leftovers are not charged to the next.
 type Drainer interface {
 	Drain(ctx context.Context) error
-}
-
-// RequestBounder is a handler that bounds each request's time itself and
-// lets the server set that bound instead (h1server.Server.RequestTimeout,
-// as llmgate serve configures it).
-type RequestBounder interface {
-	RequestTimeout() time.Duration
 }
 
 // Config describes one benchmark run.
@@ -228,8 +217,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --variants must include %s: every figure is relative to it", ErrConfig, VariantDirect)
 	}
 	redis := seenV[VariantRedis] || seenV[VariantRedisStrict]
-	if (seenV[VariantMemory] || seenV[VariantMemoryNetHTTP] || redis) && c.Factory == nil {
-		return fmt.Errorf("%w: the llmgate variants (%s, %s, %s, %s) need a GatewayFactory", ErrConfig, VariantMemory, VariantMemoryNetHTTP, VariantRedis, VariantRedisStrict)
+	if (seenV[VariantMemory] || redis) && c.Factory == nil {
+		return fmt.Errorf("%w: the llmgate variants (%s, %s, %s) need a GatewayFactory", ErrConfig, VariantMemory, VariantRedis, VariantRedisStrict)
 	}
 	if redis && c.Redis == "" {
 		return fmt.Errorf("%w: the %s and %s variants need a Redis: give --redis ADDR, or put redis-server on PATH", ErrConfig, VariantRedis, VariantRedisStrict)

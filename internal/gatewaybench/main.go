@@ -45,7 +45,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 	fs.DurationVar(&cfg.Duration, "duration", DefaultDuration, "how long each cell runs (each variant at each concurrency)")
 	fs.IntVar(&cfg.Reps, "reps", DefaultReps, "interleaved repetitions; medians are reported")
 	fs.StringVar(&concurrency, "concurrency", concurrency, "closed-loop `workers` of the cells, comma-separated")
-	fs.StringVar(&variants, "variants", variants, "what to measure, comma-separated: direct (required), proxy (httputil.ReverseProxy), floor (net/http's server and llmgate's upstream transport relaying bytes, nothing else), memory and redis (llmgate on that store, served by internal/h1server as llmgate serve is), memory-nethttp (memory, served by net/http's server), redis-strict (on Redis with ratelimit.local_quota off)")
+	fs.StringVar(&variants, "variants", variants, "what to measure, comma-separated: direct (required), proxy (httputil.ReverseProxy), floor (net/http's server and llmgate's upstream transport relaying bytes, nothing else), memory and redis (llmgate on that store, as llmgate serve runs it), redis-strict (on Redis with ratelimit.local_quota off)")
 	fs.StringVar(&cfg.Redis, "redis", "", "Redis for the redis variant: host:port or a redis:// URL (default: start a throw-away redis-server from PATH)")
 	fs.BoolVar(&cfg.Stream, "stream", true, "also run streamed requests at concurrency 1 and report the time to the first event")
 	fs.Int64Var(&cfg.MaxRequests, "max-requests", DefaultMaxRequests, "stop a cell after this many requests")

@@ -19,8 +19,7 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/llmgate/llmgate/internal/h1"
-	"github.com/llmgate/llmgate/internal/h1server"
+	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/storeurl"
 )
@@ -62,16 +61,6 @@ func (b *bench) close() {
 // URL (with /v1).
 func (b *bench) serveLoopback(part string, h http.Handler) (string, error) {
 	return b.serveOn(part, &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second})
-}
-
-// serveLoopbackLean is serveLoopback with internal/h1server for a server,
-// what llmgate serve runs by default.
-func (b *bench) serveLoopbackLean(part string, h http.Handler) (string, error) {
-	srv := &h1server.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	if rb, ok := h.(RequestBounder); ok {
-		srv.RequestTimeout = rb.RequestTimeout()
-	}
-	return b.serveOn(part, srv)
 }
 
 // server is what serveOn needs of an HTTP server.
@@ -214,14 +203,14 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 			}
 			b.endpoints[v] = &endpoint{url: base + chatPath}
 		case VariantFloor:
-			tr := h1.New(nil)
+			tr := provider.NewTransport(provider.TransportConfig{})
 			b.closers = append(b.closers, tr.CloseIdleConnections)
 			base, err := b.serveLoopback("proxy", newFloorProxy(simBase, tr))
 			if err != nil {
 				return nil, err
 			}
 			b.endpoints[v] = &endpoint{url: base + chatPath}
-		case VariantMemory, VariantMemoryNetHTTP, VariantRedis, VariantRedisStrict:
+		case VariantMemory, VariantRedis, VariantRedisStrict:
 			store := "memory"
 			ep := &endpoint{}
 			if onRedis(v) {
@@ -254,11 +243,7 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 			if d, ok := h.(Drainer); ok {
 				ep.drain = d.Drain
 			}
-			serve := b.serveLoopbackLean
-			if v == VariantMemoryNetHTTP {
-				serve = b.serveLoopback
-			}
-			base, err := serve("gateway", h)
+			base, err := b.serveLoopback("gateway", h)
 			if err != nil {
 				return nil, err
 			}

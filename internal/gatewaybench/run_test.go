@@ -205,26 +205,6 @@ func TestRunFloor(t *testing.T) {
 	}
 }
 
-// TestRunMemoryNetHTTP: the memory-nethttp variant serves the factory's
-// gateway with net/http's server, JSON and streams, and is not measured
-// unless asked for.
-func TestRunMemoryNetHTTP(t *testing.T) {
-	f := &fakeFactory{}
-	variants := []string{VariantDirect, VariantMemoryNetHTTP}
-	cfg := Config{Duration: 200 * time.Millisecond, Reps: 1, Concurrency: []int{1, 4}, Stream: true, Variants: variants, Factory: f.build}
-	res, err := Run(testContext(t), cfg, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkSane(t, res, variants, 3)
-	if len(f.stores) != 1 || f.stores[0] != "memory" {
-		t.Errorf("factory asked for stores %q; want [memory]", f.stores)
-	}
-	if def := (Config{}).withDefaults(); slices.Contains(def.Variants, VariantMemoryNetHTTP) {
-		t.Errorf("default variants %v include %s", def.Variants, VariantMemoryNetHTTP)
-	}
-}
-
 // TestRunCountsErrors: answers other than 200, and streams that do not
 // end properly, are errors, and the run is flagged.
 func TestRunCountsErrors(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/llmgate/llmgate/clock"
-	"github.com/llmgate/llmgate/internal/h1"
 )
 
 // Defaults used when a Config field is left at its zero value.
@@ -29,11 +28,8 @@ const (
 // Config tunes a Client. The zero value is usable: every zero field means
 // its default.
 type Config struct {
-	// Transport sends the requests. Default: an h1.Transport (HTTP/1.1 in
-	// the calling goroutine, 512 idle connections per host, 90s idle
-	// timeout), which hands what it does not serve (a host reached through
-	// a proxy from the environment) to a *http.Transport tuned alike, with
-	// HTTP/2. There is no overall client timeout: the caller's context
+	// Transport sends the requests. Default: NewTransport with its
+	// defaults. There is no overall client timeout: the caller's context
 	// bounds each call, and the adaptive timeout bounds the wait for
 	// response headers.
 	Transport http.RoundTripper
@@ -86,7 +82,7 @@ type Config struct {
 // withDefaults returns a copy of c with every zero field set to its default.
 func (c Config) withDefaults() Config {
 	if c.Transport == nil {
-		c.Transport = newTransport()
+		c.Transport = NewTransport(TransportConfig{})
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
@@ -163,30 +159,65 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// newTransport returns the default transport: many idle connections per
-// host (a gateway talks to a few hosts at high concurrency), HTTP/1.1 on the
-// caller's goroutine (package h1: about 15–30 µs less CPU per call than
-// net/http's Transport, see BENCHMARKS.md), and net/http with HTTP/2 for
-// hosts behind a proxy.
-func newTransport() http.RoundTripper {
-	return h1.New(newHTTPTransport()) // h1's defaults: 512 idle per host, 90s
+// Defaults of TransportConfig.
+const (
+	DefaultMaxConnsPerHost        = 1024
+	DefaultMaxIdleConnsPerHost    = 512
+	DefaultMaxResponseHeaderBytes = 10 << 20 // as net/http's
+	DefaultDialTimeout            = 30 * time.Second
+	DefaultTLSHandshakeTimeout    = 10 * time.Second
+	DefaultIdleConnTimeout        = 90 * time.Second
+)
+
+// TransportConfig tunes the net/http Transport that NewTransport builds.
+// Zero fields mean their defaults.
+type TransportConfig struct {
+	// MaxConnsPerHost bounds the connections to one host, idle or in use:
+	// a burst waits for a connection instead of opening one TLS handshake
+	// per request. Over HTTP/2 one connection carries many requests.
+	// Default DefaultMaxConnsPerHost.
+	MaxConnsPerHost int
+	// MaxIdleConnsPerHost bounds the idle connections kept per host.
+	// Default DefaultMaxIdleConnsPerHost.
+	MaxIdleConnsPerHost int
+	// MaxResponseHeaderBytes bounds a response's headers, 1xx responses
+	// included. Default DefaultMaxResponseHeaderBytes.
+	MaxResponseHeaderBytes int64
+	// DialTimeout, TLSHandshakeTimeout and IdleConnTimeout bound a TCP
+	// connect, a TLS handshake and the life of an idle connection.
+	DialTimeout         time.Duration
+	TLSHandshakeTimeout time.Duration
+	IdleConnTimeout     time.Duration
 }
 
-// newHTTPTransport is net/http's transport, tuned for a gateway.
-func newHTTPTransport() *http.Transport {
+// NewTransport returns net/http's Transport tuned for a gateway: HTTP/2
+// where the provider offers it (many streams over one connection), the
+// proxy from the environment, and bounds on connections, header size and
+// every wait before a response. Requests are replayed only as net/http
+// allows: never a POST whose bytes may have reached the provider.
+func NewTransport(c TransportConfig) *http.Transport {
 	return &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
 		DialContext: (&net.Dialer{
-			Timeout:   30 * time.Second,
+			Timeout:   positive(c.DialTimeout, DefaultDialTimeout),
 			KeepAlive: 30 * time.Second,
 		}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          0, // no global cap; MaxIdleConnsPerHost bounds each host
-		MaxIdleConnsPerHost:   512,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           0, // no global cap: MaxIdleConnsPerHost bounds each host
+		MaxIdleConnsPerHost:    positive(c.MaxIdleConnsPerHost, DefaultMaxIdleConnsPerHost),
+		MaxConnsPerHost:        positive(c.MaxConnsPerHost, DefaultMaxConnsPerHost),
+		MaxResponseHeaderBytes: positive(c.MaxResponseHeaderBytes, DefaultMaxResponseHeaderBytes),
+		IdleConnTimeout:        positive(c.IdleConnTimeout, DefaultIdleConnTimeout),
+		TLSHandshakeTimeout:    positive(c.TLSHandshakeTimeout, DefaultTLSHandshakeTimeout),
+		ExpectContinueTimeout:  time.Second,
 	}
+}
+
+func positive[T int | int64 | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
 }
 
 // clampDuration converts f nanoseconds to a Duration in [0, hi]; NaN is 0.

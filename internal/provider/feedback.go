@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/llmgate/llmgate/internal/h1"
 )
 
 // maxHint bounds the waits and resets read from headers: an upstream asking
@@ -84,24 +82,24 @@ func parseFeedback(status int, h http.Header, now time.Time) Feedback {
 	return Feedback{
 		Status:            status,
 		RetryAfter:        retryAfter(h, now),
-		LimitRequests:     parseCount(h1.Get(h, "X-Ratelimit-Limit-Requests")),
-		RemainingRequests: parseCount(h1.Get(h, "X-Ratelimit-Remaining-Requests")),
-		LimitTokens:       parseCount(h1.Get(h, "X-Ratelimit-Limit-Tokens")),
-		RemainingTokens:   parseCount(h1.Get(h, "X-Ratelimit-Remaining-Tokens")),
-		ResetRequests:     parseReset(h1.Get(h, "X-Ratelimit-Reset-Requests")),
-		ResetTokens:       parseReset(h1.Get(h, "X-Ratelimit-Reset-Tokens")),
+		LimitRequests:     parseCount(h.Get("X-Ratelimit-Limit-Requests")),
+		RemainingRequests: parseCount(h.Get("X-Ratelimit-Remaining-Requests")),
+		LimitTokens:       parseCount(h.Get("X-Ratelimit-Limit-Tokens")),
+		RemainingTokens:   parseCount(h.Get("X-Ratelimit-Remaining-Tokens")),
+		ResetRequests:     parseReset(h.Get("X-Ratelimit-Reset-Requests")),
+		ResetTokens:       parseReset(h.Get("X-Ratelimit-Reset-Tokens")),
 	}
 }
 
 // retryAfter reads retry-after-ms, else retry-after; 0 if neither is
 // readable.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	if v := strings.TrimSpace(h1.Get(h, "Retry-After-Ms")); v != "" {
+	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
 		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && !math.IsInf(ms, 0) {
 			return clampDuration(ms*float64(time.Millisecond), maxHint)
 		}
 	}
-	v := strings.TrimSpace(h1.Get(h, "Retry-After"))
+	v := strings.TrimSpace(h.Get("Retry-After"))
 	if v == "" {
 		return 0
 	}
@@ -114,7 +112,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	}
 	// The server's own Date is the reference when it sent one: the two
 	// come from the same clock, so skew between us and it does not matter.
-	if d, err := http.ParseTime(h1.Get(h, "Date")); err == nil {
+	if d, err := http.ParseTime(h.Get("Date")); err == nil {
 		now = d
 	}
 	return clampDuration(float64(at.Sub(now)), maxHint)

@@ -26,9 +26,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/llmgate/llmgate/clock"
-	"github.com/llmgate/llmgate/internal/h1"
 )
 
 // Errors returned by this package. Every error Do returns wraps exactly one
@@ -139,9 +136,8 @@ type Client struct {
 	tmo    timeouts
 	log    *slog.Logger
 	states sync.Map // target name → *targetState
-	// send makes one attempt's round trip, bounded as RoundTripWithin
-	// says: through the h1 transport's connection deadline when it can
-	// (no timer), or a timer on the client's clock.
+	// send makes one attempt's round trip within a time-to-headers bound
+	// (roundTripWithin) kept on the client's clock.
 	send func(req *http.Request, d time.Duration) (*http.Response, error)
 }
 
@@ -194,17 +190,9 @@ func New(cfg Config) (*Client, error) {
 		tmo: timeouts{floor: cfg.TimeoutFloor, ceiling: cfg.TimeoutCeiling, multiplier: cfg.TimeoutMultiplier},
 		log: cfg.Logger,
 	}
-	within, ok := cfg.Transport.(interface {
-		RoundTripWithin(*http.Request, time.Duration) (*http.Response, error)
-	})
-	if _, real := cfg.Clock.(clock.Real); ok && real {
-		// A connection deadline runs on the real clock only.
-		c.send = within.RoundTripWithin
-	} else {
-		after := func(d time.Duration, f func()) interface{ Stop() bool } { return cfg.Clock.AfterFunc(d, f) }
-		c.send = func(req *http.Request, d time.Duration) (*http.Response, error) {
-			return h1.RoundTripTimer(cfg.Transport, req, d, after)
-		}
+	after := func(d time.Duration, f func()) interface{ Stop() bool } { return cfg.Clock.AfterFunc(d, f) }
+	c.send = func(req *http.Request, d time.Duration) (*http.Response, error) {
+		return roundTripWithin(cfg.Transport, req, d, after)
 	}
 	return c, nil
 }
@@ -434,21 +422,21 @@ func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, req
 	resp, err := c.send(r, a.timeout)
 	took := c.cfg.Clock.Now().Sub(start)
 	if err != nil {
-		if errors.Is(err, h1.ErrHeaderTimeout) {
+		if errors.Is(err, errHeaderTimeout) {
 			err = errHeaderTimeout
 		}
 		return attempt{err: err, retryable: true, timeout: a.timeout}, took
 	}
 
 	status := resp.StatusCode
-	a.retryable = retryableStatus(status) && !strings.EqualFold(h1.Get(resp.Header, "X-Should-Retry"), "false")
+	a.retryable = retryableStatus(status) && !strings.EqualFold(resp.Header.Get("X-Should-Retry"), "false")
 	b := &respBody{rc: resp.Body}
 	resp.Body = b
 	kind, reported := "", LimitReport{}
 	if status >= 400 {
 		// Error bodies are small: read them now, within the bound, so that
 		// a retry finds the connection free and a 429's kind is known.
-		if err := b.peek(); errors.Is(err, h1.ErrHeaderTimeout) {
+		if err := b.peek(); errors.Is(err, errHeaderTimeout) {
 			_ = resp.Body.Close()
 			return attempt{err: errHeaderTimeout, retryable: true, timeout: a.timeout}, took
 		}
@@ -516,17 +504,13 @@ func (c *Client) newRequest(t *Target, st *targetState, req *Request) (*http.Req
 	return r, nil
 }
 
-// bodyReader is a request body read from memory: one allocation, where
-// io.NopCloser(bytes.NewReader(b)) makes two.
-type bodyReader struct{ bytes.Reader }
-
-func newBodyReader(b []byte) *bodyReader {
-	r := &bodyReader{}
-	r.Reset(b)
-	return r
+// newBodyReader returns a request body read from b. It must be
+// io.NopCloser over a *bytes.Reader: net/http knows that one is in memory
+// and writes headers and body in one write; any other type makes it send
+// the headers first, then copy the body through a 32 KiB buffer.
+func newBodyReader(b []byte) io.ReadCloser {
+	return io.NopCloser(bytes.NewReader(b))
 }
-
-func (*bodyReader) Close() error { return nil }
 
 var jsonContentType = []string{"application/json"}
 
