@@ -344,7 +344,7 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger, secrets []string
 	// Local quota blocks pay with the memory store too: a block is one
 	// backend decision for many requests, where the backend's own
 	// per-request reservation and settle mark cost more than taking a share
-	// of a block (BENCHMARKS.md, gateway, session 13).
+	// of a block.
 	if cfg.RateLimit.LocalQuotaOn() {
 		rlOpts = append(rlOpts, ratelimit.WithLocalQuota(ratelimit.LocalQuota{Window: cfg.RateLimit.LocalWindow}))
 	}

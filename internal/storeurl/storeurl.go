@@ -75,10 +75,9 @@ func RedisOption(s string) (rueidis.ClientOption, error) {
 // Why one, where rueidis opens two on two cores and four on more: many
 // goroutines sharing one connection have their commands written together
 // and their replies read together, one system call for several, and Redis
-// (one thread) serves them in order either way. On the 2-core VM of
-// BENCHMARKS.md, 16 goroutines taking and releasing locks made 6–12 % more
-// pairs a second on one connection than on rueidis's two, with less CPU on
-// both sides. Pub/Sub and blocking commands keep their own connections.
+// (one thread) serves them in order either way, so more connections only
+// add system calls (BENCHMARKS.md has the lock figures). Pub/Sub and
+// blocking commands keep their own connections.
 const DefaultConnections = 1
 
 // MaxConnections bounds ?connections=N (rueidis.MaxPipelineMultiplex).
