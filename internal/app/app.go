@@ -102,6 +102,8 @@ func (a *App) Run(args []string) int {
 		return a.version(rest)
 	case "lock":
 		return a.lock(rest)
+	case reaperCommand:
+		return a.lockReaper(rest)
 	case "bench":
 		return a.bench(rest)
 	case "mock":

@@ -31,8 +31,8 @@ Flags:
   --wait D       how long to wait for the lock; 0 tries once and gives up if it
                  is held (default 0)
   --fair         queue strictly in arrival order across all processes
-  --grace D      after the lock is lost, time between SIGTERM and SIGKILL
-                 (default 10s)
+  --grace D      after the lock is lost or llmgate died, time between
+                 SIGTERM and SIGKILL (default 10s)
   -v, --verbose  report waiting, acquisition and release on stderr
 
 CMD's environment also has:
@@ -56,6 +56,11 @@ received while CMD runs, they are passed on to CMD's process group. In the
 foreground of a terminal CMD shares llmgate's process group instead, so it
 can read the terminal and gets Ctrl-C from it directly.
 
+If llmgate dies while CMD runs, even by SIGKILL, a helper process
+(llmgate __lock-reaper) sends CMD's process group SIGTERM, then SIGKILL
+after --grace. Processes that leave the group (setsid, daemons) are not
+stopped; in the foreground of a terminal only CMD gets SIGTERM (Linux).
+
 Examples:
   # cron: run the report on one machine at a time; skip a run if the last
   # one is still going
@@ -64,6 +69,10 @@ Examples:
   # wait up to a minute for the previous deploy to finish
   llmgate lock --store redis://127.0.0.1:6379 --key deploy --ttl 30s --wait 1m -- ./deploy.sh prod
 `
+
+// reaperCommand is the hidden subcommand that runs llmgate lock's reaper
+// (reaper.go). It is not listed in the help: only llmgate lock starts it.
+const reaperCommand = "__lock-reaper"
 
 // lockConfig is a parsed 'llmgate lock' command line.
 type lockConfig struct {

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,43 +19,121 @@ import (
 // processGone reports whether pid has exited (a zombie counts: it no longer
 // runs, its parent just has not reaped it).
 func processGone(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	// pid (comm) state ...; comm may contain spaces, so look after the ')'.
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || strings.HasPrefix(s[i+1:], " Z") || strings.HasPrefix(s[i+1:], " X")
+	running, _ := procStat(pid)
+	return !running
 }
 
-// TestLockLostKillsProcessGroup: what CMD started in the background is
-// signalled with it when the lock is lost.
-func TestLockLostKillsProcessGroup(t *testing.T) {
-	r := testutil.StartRedis(t)
-	_, b := locker(t, r)
-	pidFile := filepath.Join(t.TempDir(), "pid")
-	script := `sleep 30 & echo $! > "$1"; echo ready; wait`
-	p := startLlmgate(t, nil, "lock", "--store", r.URL(), "--key", "group", "--ttl", "600ms", "--", "sh", "-c", script, "sh", pidFile)
+// startGroup starts llmgate lock with CMD = sh -c script, where script
+// starts a background child, writes "$$ $!" to "$1" and prints "ready". It
+// returns once CMD is ready, with the PIDs of sh and its child and the
+// process group they run in.
+func startGroup(t *testing.T, r *testutil.Redis, key, script string, flags ...string) (p *proc, sh, child, pgid int) {
+	t.Helper()
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	args := append([]string{"lock", "--store", r.URL(), "--key", key}, flags...)
+	p = startLlmgate(t, nil, append(args, "--", "sh", "-c", script, "sh", pidFile)...)
 	p.stdout.WaitFor(t, "ready\n", 30*time.Second)
 	data, err := os.ReadFile(pidFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
+	if _, err := fmt.Sscan(string(data), &sh, &child); err != nil {
 		t.Fatalf("pid file %q: %v", data, err)
 	}
-	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := r.Do(ctx, "DEL", b.Key("group")); err != nil {
+	// Leave nothing behind if the test fails.
+	t.Cleanup(func() {
+		_ = syscall.Kill(sh, syscall.SIGKILL)
+		_ = syscall.Kill(child, syscall.SIGKILL)
+	})
+	pgid, err = syscall.Getpgid(sh)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := p.wait(t); code != 75 {
-		t.Fatalf("exit %d, want 75; stderr %q", code, p.stderr.String())
+	return p, sh, child, pgid
+}
+
+// TestLockStopsProcessGroup: what CMD started in the background is stopped
+// with it when the lock is lost, or when llmgate passes on SIGTERM.
+func TestLockStopsProcessGroup(t *testing.T) {
+	r := testutil.StartRedis(t)
+	_, b := locker(t, r)
+	script := `sleep 300 & echo $$ $! > "$1"; echo ready; wait`
+	for _, tc := range []struct {
+		name string
+		stop func(t *testing.T, p *proc, key string)
+		want int
+	}{
+		{"lock lost", func(t *testing.T, p *proc, key string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if _, err := r.Do(ctx, "DEL", b.Key(key)); err != nil {
+				t.Fatal(err)
+			}
+		}, 75},
+		{"SIGTERM", func(t *testing.T, p *proc, key string) {
+			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+		}, 128 + int(syscall.SIGTERM)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "group-" + strings.ReplaceAll(tc.name, " ", "-")
+			p, _, child, pgid := startGroup(t, r, key, script, "--ttl", "600ms")
+			tc.stop(t, p, key)
+			if code, _ := p.wait(t); code != tc.want {
+				t.Fatalf("exit %d, want %d; stderr %q", code, tc.want, p.stderr.String())
+			}
+			waitUntil(t, 10*time.Second, "CMD's background child is gone", func() bool { return processGone(child) })
+			waitUntil(t, 10*time.Second, "CMD's process group is empty", func() bool { return len(groupMembers(pgid)) == 0 })
+		})
 	}
-	waitUntil(t, 10*time.Second, "CMD's background child is gone", func() bool { return processGone(pid) })
+}
+
+// TestLockKilledStopsProcessGroup kills llmgate with SIGKILL while CMD runs:
+// CMD and what it started in the background must stop too, since nothing
+// renews the lock any more and the next holder may start at any time.
+func TestLockKilledStopsProcessGroup(t *testing.T) {
+	r := testutil.StartRedis(t)
+	for _, tc := range []struct {
+		name   string
+		script string
+		grace  string
+		before func(t *testing.T, p *proc) // what happens before the SIGKILL
+	}{
+		// --grace far above the bound below: SIGTERM did it, not SIGKILL.
+		{"SIGTERM stops them", `sleep 300 & echo $$ $! > "$1"; echo ready; wait`, "1m", nil},
+		{"SIGKILL after --grace", `trap '' TERM; sleep 300 & echo $$ $! > "$1"; echo ready; wait`, "300ms", nil},
+		// The SIGHUP llmgate passes on reaches the whole process group: it
+		// must not disarm what stops the group later.
+		{"after a forwarded SIGHUP", `trap '' HUP; sleep 300 & trap 'echo got HUP' HUP; echo $$ $! > "$1"; echo ready; ` + idle, "1m",
+			func(t *testing.T, p *proc) {
+				if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+					t.Fatal(err)
+				}
+				p.stdout.WaitFor(t, "got HUP\n", 30*time.Second)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A key of its own: a killed llmgate leaves its lock to expire.
+			key := "killed-" + strings.ReplaceAll(tc.name, " ", "-")
+			p, sh, child, pgid := startGroup(t, r, key, tc.script, "--grace", tc.grace)
+			if tc.before != nil {
+				tc.before(t, p)
+			}
+			if err := p.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			if code, _ := p.wait(t); code != 128+int(syscall.SIGKILL) {
+				t.Fatalf("exit %d, want 137; stderr %q", code, p.stderr.String())
+			}
+			waitUntil(t, 10*time.Second, "CMD is gone", func() bool { return processGone(sh) })
+			waitUntil(t, 10*time.Second, "CMD's background child is gone", func() bool { return processGone(child) })
+			waitUntil(t, 10*time.Second, "CMD's process group is empty", func() bool { return len(groupMembers(pgid)) == 0 })
+			if s := p.stderr.String(); s != "" {
+				t.Errorf("unexpected stderr %q", s)
+			}
+		})
+	}
 }
 
 // openPTY returns the master side of a new pseudo-terminal and the path of

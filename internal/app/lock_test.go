@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -587,4 +588,37 @@ func TestLockConcurrentInProcess(t *testing.T) {
 		t.Error(err)
 	}
 	assertFree(t, r, "inproc")
+}
+
+// TestLockReaperRefuses runs the reaper by hand: it acts only as the leader
+// of a process group of its own, as llmgate lock starts it, so that it can
+// never signal its caller's group.
+func TestLockReaperRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		attr *syscall.SysProcAttr
+	}{
+		{"in its caller's group", []string{"1s"}, nil},
+		{"no grace", nil, &syscall.SysProcAttr{Setpgid: true}},
+		{"bad grace", []string{"soon"}, &syscall.SysProcAttr{Setpgid: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, llmgateBin, append([]string{reaperCommand}, tc.args...)...)
+			stdout, stderr := testutil.NewBuffer(), testutil.NewBuffer()
+			cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = stdout, stderr, tc.attr
+			_ = cmd.Run()
+			if code := exitStatus(cmd.ProcessState); code != 2 {
+				t.Errorf("exit %d, want 2", code)
+			}
+			if got, want := oneLine(t, stderr.String()), "llmgate: __lock-reaper is internal to llmgate lock"; got != want {
+				t.Errorf("stderr %q, want %q", got, want)
+			}
+			if stdout.String() != "" {
+				t.Errorf("stdout %q: it went on as a reaper", stdout.String())
+			}
+		})
+	}
 }

@@ -170,23 +170,45 @@ func (r *lockRun) run(path string, lease *lock.Lease, sigs <-chan os.Signal) int
 	// a background grandchild that keeps a pipe open.
 	cmd.WaitDelay = time.Second
 
+	// CMD never ran if it fails to start: whether the lease survived does
+	// not matter then.
+	giveBack := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		_ = lease.Release(ctx)
+		cancel()
+	}
+
 	// In the foreground of a terminal, CMD stays in llmgate's process group
 	// so that it can read the terminal and job control (Ctrl-C, Ctrl-Z)
 	// works as without llmgate; the terminal then signals CMD itself.
-	// Otherwise (cron, services, scripts without a terminal) CMD leads its
-	// own process group, and signals go to the whole group, so that nothing
-	// CMD started outlives a lost lock.
+	// Otherwise (cron, services, scripts without a terminal) CMD joins the
+	// process group of a reaper, and signals go to the whole group, so that
+	// nothing CMD started outlives a lost lock, or llmgate's death.
 	interactive := foregroundOfTerminal()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: !interactive}
-	setDeathSignal(cmd.SysProcAttr)
-	// The death signal is tied to the OS thread that starts CMD.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	var rp *reaper
+	if interactive {
+		// Only CMD itself, and only on Linux: its group is shared with
+		// whatever else the terminal's job runs.
+		setDeathSignal(cmd.SysProcAttr)
+		// The death signal is tied to the OS thread that starts CMD.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	} else {
+		var err error
+		if rp, err = startReaper(c.grace); err != nil {
+			giveBack()
+			r.errorf("cannot run CMD: cannot start the process that stops it if llmgate dies: %v", err)
+			return exitNoExec
+		}
+		cmd.SysProcAttr.Setpgid, cmd.SysProcAttr.Pgid = true, rp.pgid()
+	}
 
 	if err := cmd.Start(); err != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-		_ = lease.Release(ctx) // CMD never ran: whether the lease survived does not matter
-		cancel()
+		if rp != nil {
+			rp.stop()
+		}
+		giveBack()
 		r.errorf("cannot run CMD: %v", err)
 		if errors.Is(err, fs.ErrNotExist) {
 			return exitNotFound
@@ -197,7 +219,7 @@ func (r *lockRun) run(path string, lease *lock.Lease, sigs <-chan os.Signal) int
 		if interactive {
 			_ = cmd.Process.Signal(s)
 		} else {
-			_ = syscall.Kill(-cmd.Process.Pid, s) // the whole group
+			_ = syscall.Kill(-rp.pgid(), s) // the whole group, the reaper included
 		}
 	}
 
@@ -232,6 +254,9 @@ func (r *lockRun) run(path string, lease *lock.Lease, sigs <-chan os.Signal) int
 			r.errorf("%s did not exit within --grace %v; sending SIGKILL", r.name, c.grace)
 			signalCMD(syscall.SIGKILL)
 		}
+	}
+	if rp != nil {
+		rp.stop()
 	}
 	status := exitStatus(cmd.ProcessState)
 	if lost {

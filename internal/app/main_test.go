@@ -22,6 +22,11 @@ import (
 var llmgateBin string
 
 func TestMain(m *testing.M) {
+	// Commands run in this process (runApp) start llmgate lock's reaper
+	// from this binary.
+	if len(os.Args) > 1 && os.Args[1] == reaperCommand {
+		os.Exit(Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	os.Exit(testMain(m))
 }
 
