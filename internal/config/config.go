@@ -483,7 +483,7 @@ func (r RateLimitStore) LocalQuotaOn() bool { return r.LocalQuota == nil || *r.L
 
 // Defaults of the ratelimit section.
 const (
-	DefaultReservationHold = 2 * time.Minute
+	DefaultReservationHold = 10 * time.Second
 	DefaultLocalWindow     = 100 * time.Millisecond
 )
 

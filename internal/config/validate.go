@@ -174,7 +174,7 @@ func (v *validator) top() {
 		v.add("log.format", "%s is not a format; use text or json", quote(c.Log.Format))
 	}
 	if d := c.RateLimit.ReservationHold; d < 2*time.Second {
-		v.add("ratelimit.reservation_hold", "is %v; must be at least 2s (running requests renew it every half), e.g. 2m", d)
+		v.add("ratelimit.reservation_hold", "is %v; must be at least 2s (running requests renew it every half), e.g. 10s", d)
 	}
 	if d := c.RateLimit.LocalWindow; d < 10*time.Millisecond || d > 10*time.Second {
 		v.add("ratelimit.local_window", "is %v; must be between 10ms and 10s, e.g. 100ms", d)

@@ -229,7 +229,7 @@ const (
 	DefaultStreamWriteTimeout = 60 * time.Second
 	DefaultIdleTimeout        = 2 * time.Minute
 	DefaultCompletionEstimate = 256
-	DefaultReservationHold    = 2 * time.Minute
+	DefaultReservationHold    = 10 * time.Second
 )
 
 // anonymous is the tenant of open access (no tenants configured).
