@@ -5,20 +5,32 @@ package app
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 
 	"github.com/llmgate/llmgate/internal/sim"
 )
@@ -418,4 +430,108 @@ func TestE2EEdgeEarlyUpstreamAnswer(t *testing.T) {
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("the provider was called %d times, want 1", n)
 	}
+}
+
+// TestE2EEdgeServeTLS: with a certificate and key configured, the gateway
+// serves HTTPS with HTTP/2, and the official SDK works through it.
+func TestE2EEdgeServeTLS(t *testing.T) {
+	s := newE2ESim(t, sim.Config{})
+	dir := t.TempDir()
+	certPEM, keyPEM := selfSigned(t)
+	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(cert, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(key, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := gatewayConfig{Store: "memory", SimURL: s.url,
+		Extra: fmt.Sprintf("server: {tls_cert_file: %s, tls_key_file: %s}\n", cert, key)}
+	path := filepath.Join(dir, "tls.yaml")
+	if err := os.WriteFile(path, []byte(cfg.yaml()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := launchServe(t, "edge-tls", e2eEnv, "--config", path)
+	addr := waitListening(t, r, regexp.MustCompile(`llmgate gateway listening.*addr=https://(127\.0\.0\.1:[0-9]+)/v1`))
+
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}}
+	t.Cleanup(client.CloseIdleConnections)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+"/v1/chat/completions", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+e2eTenantKey)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Fatalf("%s %d: %s; want 200 over HTTP/2", resp.Proto, resp.StatusCode, body)
+	}
+
+	sdk := openai.NewClient(option.WithBaseURL("https://"+addr+"/v1/"), option.WithAPIKey(e2eTenantKey),
+		option.WithMaxRetries(0), option.WithHTTPClient(client))
+	st := sdk.Chat.Completions.NewStreaming(ctx, chatParams("hello over TLS", 8))
+	chunks := 0
+	for st.Next() {
+		chunks++
+	}
+	if err := st.Err(); err != nil || chunks == 0 {
+		t.Fatalf("stream over TLS: %d chunks, %v", chunks, err)
+	}
+}
+
+// waitListening waits for serve's listening line and returns the address
+// re captures.
+func waitListening(t *testing.T, r *replica, re *regexp.Regexp) string {
+	t.Helper()
+	deadline := time.NewTimer(replicaStartup)
+	defer deadline.Stop()
+	for {
+		have, changed := r.stderr.Snapshot()
+		if m := re.FindStringSubmatch(have); m != nil {
+			return m[1]
+		}
+		select {
+		case <-changed:
+		case <-r.done:
+			t.Fatalf("%s exited before listening: %s", r.name, r.stderr.String())
+		case <-deadline.C:
+			t.Fatalf("%s did not listen within %v: %s", r.name, replicaStartup, r.stderr.String())
+		}
+	}
+}
+
+// selfSigned returns a PEM certificate for 127.0.0.1 and its key.
+func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "llmgate test"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
