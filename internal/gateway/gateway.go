@@ -134,8 +134,10 @@ type Options struct {
 	// IdleTimeout is the longest gap between two events of an upstream
 	// stream. Default 2m.
 	IdleTimeout time.Duration
-	// CompletionEstimate is the completion tokens reserved for a request
-	// that does not set max_tokens. Default 256.
+	// CompletionEstimate is the completion tokens reserved for a chat
+	// request that does not set max_tokens, until the gateway has seen
+	// enough such requests of its tenant and model to use the largest
+	// completion among the recent ones instead. Default 256.
 	CompletionEstimate int64
 	// Locker orders the requests of one session (see SessionHeader); nil
 	// disables session ordering.
@@ -249,6 +251,8 @@ type Gateway struct {
 	byName   map[string]*deployment
 	// pending counts background settles; Close waits for them.
 	pending pendingWork
+	// estimates learns completion sizes for requests without max_tokens.
+	estimates completionEstimates
 	// keeper renews the rate-limit reservations of long requests.
 	keeper keeper
 	// bgMu protects the background workers' queue (made on first use)

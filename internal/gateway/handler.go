@@ -286,11 +286,23 @@ func (g *Gateway) estimate(c *call) {
 		return
 	}
 	per := req.MaxTokens
-	if per == 0 {
-		per = g.opt.CompletionEstimate
-		if req.Endpoint == openai.Completions {
-			per = 16 // the legacy API's default max_tokens
-		}
+	switch {
+	case per > 0:
+	case req.Endpoint == openai.Completions:
+		per = 16 // the legacy API's default max_tokens
+	default:
+		per = g.estimates.get(c.tenant.Name, req.Model, g.opt.CompletionEstimate)
 	}
 	c.completionEstimate = per * req.N
+}
+
+// learnCompletion records what a chat completion without max_tokens really used,
+// for the estimates of the next ones. Only whole answers count: a cut
+// stream says nothing about how long answers are.
+func (g *Gateway) learnCompletion(c *call, usage *openai.Usage) {
+	req := c.req
+	if usage == nil || req.MaxTokens > 0 || req.Endpoint != openai.ChatCompletions || c.outcome != "ok" {
+		return
+	}
+	g.estimates.observe(c.tenant.Name, req.Model, (usage.CompletionTokens+req.N-1)/req.N)
 }

@@ -20,6 +20,7 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 	model := adm.dep.Model
 	if usage != nil {
 		g.metrics.tokensUsed(c.tenant.Name, model, adm.dep.Name, usage.PromptTokens, usage.CompletionTokens)
+		g.learnCompletion(c, usage)
 	}
 	inline := g.opt.InProcessLimiter
 	if inline {
