@@ -188,10 +188,6 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api
 	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Now().Add(g.opt.BodyTimeout))
-	// Lifted once the body is in: net/http goes on reading the
-	// connection in the background to notice a client that leaves, and a
-	// deadline passing there would cancel the request.
-	defer rc.SetReadDeadline(time.Time{})
 	size := 4096
 	if r.ContentLength > 0 {
 		size = int(r.ContentLength) + 1 // +1 so ReadAll sees EOF without growing
@@ -202,12 +198,23 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api
 		n, err := lr.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if err == io.EOF {
+			// Lifted once the body is in: net/http goes on reading the
+			// connection in the background to notice a client that
+			// leaves, and a deadline passing there would cancel the
+			// request. On failure the deadline stays, so that net/http
+			// does not wait for the rest of the body either.
+			_ = rc.SetReadDeadline(time.Time{})
 			return buf, nil
 		}
 		if err != nil {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
 				return nil, g.tooLarge()
+			}
+			if r.ProtoMajor == 1 {
+				// Else net/http would try to read the rest of the body
+				// before it sends the answer.
+				w.Header().Set("Connection", "close")
 			}
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				g.metrics.clientTimeout.WithLabelValues("body").Inc()
