@@ -86,19 +86,15 @@ func (b *bench) serveOn(part string, srv server) (string, error) {
 	return "http://" + ln.Addr().String() + "/v1", nil
 }
 
-// newReferenceProxy is the bare reference proxy of the issue:
+// newReferenceProxy is the reference proxy of the issue:
 // httputil.ReverseProxy with a tuned Transport (MaxIdleConnsPerHost 512),
-// flushing every write (FlushInterval -1), and nothing else.
-// testWrapProxy is set by this package's tests only: they have the
-// reference proxy read the request body whole before relaying it. On
-// net/http's server, ReverseProxy otherwise cuts about one stream in a
-// thousand under load (Go issue 40747: writing the answer's header closes
-// the inbound body while the Transport still reads it once more after its
-// Content-Length, which fails the upstream connection mid-answer), and the
-// tests require clean runs. Benchmarks measure the reference as it is.
-var testWrapProxy func(http.Handler) http.Handler
-
-func newReferenceProxy(upstream *url.URL) (*httputil.ReverseProxy, *http.Transport) {
+// flushing every write (FlushInterval -1), reading the request body whole
+// before relaying it, as the gateway and the floor do. Without that, on
+// net/http's server, ReverseProxy cuts about one stream in a thousand under
+// load (Go issue 40747: writing the answer's header closes the inbound body
+// while the Transport still reads it once more after its Content-Length,
+// which fails the upstream connection mid-answer).
+func newReferenceProxy(upstream *url.URL) (http.Handler, *http.Transport) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 512
 	rp := httputil.NewSingleHostReverseProxy(upstream)
@@ -107,7 +103,20 @@ func newReferenceProxy(upstream *url.URL) (*httputil.ReverseProxy, *http.Transpo
 	// Failed requests are counted by the load generator; the proxy's own
 	// lines would only interleave with the progress.
 	rp.ErrorLog = log.New(io.Discard, "", 0)
-	return rp, tr
+	return readBodyFirst(rp), tr
+}
+
+// readBodyFirst reads the request body whole before h runs.
+func readBodyFirst(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+		h.ServeHTTP(w, r)
+	})
 }
 
 // newFloorProxy relays each request to upstream (the provider's base URL)
@@ -191,12 +200,8 @@ func setup(ctx context.Context, cfg Config) (_ *bench, err error) {
 				return nil, fmt.Errorf("%w: %w", ErrSetup, err)
 			}
 			u.Path = "" // the client's path (/v1/...) passes through
-			rp, tr := newReferenceProxy(u)
+			h, tr := newReferenceProxy(u)
 			b.closers = append(b.closers, tr.CloseIdleConnections)
-			var h http.Handler = rp
-			if testWrapProxy != nil {
-				h = testWrapProxy(h)
-			}
 			base, err := b.serveLoopback("proxy", h)
 			if err != nil {
 				return nil, err

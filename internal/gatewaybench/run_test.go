@@ -1,7 +1,6 @@
 package gatewaybench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -68,23 +67,6 @@ func (f *fakeFactory) build(_ context.Context, _, store, upstream string) (http.
 		f.released++
 		f.mu.Unlock()
 	}, nil
-}
-
-func init() { testWrapProxy = readBodyFirst }
-
-// readBodyFirst reads the request body whole before h runs: around Go
-// issue 40747, which has a ReverseProxy on net/http's server cut a stream
-// now and then under load (see testWrapProxy).
-func readBodyFirst(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
-		h.ServeHTTP(w, r)
-	})
 }
 
 func testContext(t *testing.T) context.Context {
