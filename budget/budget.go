@@ -6,8 +6,38 @@
 // of the budget. After the call the request settles what it really used
 // (Manager.Settle), which frees the reservation and charges the actual usage
 // and its cost, or releases the reservation if nothing was charged
-// (Manager.Release). A reservation that is never settled expires after its
-// TTL, so a crashed caller never pins the budget.
+// (Manager.Release).
+//
+// # Expiry: spend is never lost, only over-counted within a bound
+//
+// A reservation that is never settled or released (its caller crashed)
+// expires after its TTL and is then charged, not released: the store moves
+// its hold from reserved to spent and counts it in the usage rows (as an
+// Expired request), so the provider's bill for a request cut by a crash is
+// on the budget. A running request keeps its reservation alive with
+// Manager.Renew, which also reports what it has used so far (a stream's
+// prompt and the tokens streamed up to now); renewed holds can therefore
+// have a short TTL, and a crashed caller's spend is charged soon after.
+//
+// The charge of an expired hold is max(estimate, usage last reported to
+// Renew), per prompt and completion tokens, and its cost (the larger of the
+// estimate's and the reported usage's). The estimate alone would
+// under-charge a request that outran it; the usage so far alone would miss
+// the tokens produced after the last report. With upper-bound estimates
+// (prompt plus max_tokens) the charge is therefore at least what the
+// provider served, and it over-counts by at most estimate minus served per
+// expired hold: spend after the expiries is at most spend plus reserved at
+// the crash, so a cap is never overshot by expiry, only by the usage
+// reported beyond estimates (which the budget cannot take back). With an
+// estimate that is not an upper bound, the tokens served above it after the
+// last Renew (at most one renewal interval's worth) are not charged.
+//
+// A Settle after expiry (a request that outlived its TTL without renewal,
+// say during a store outage) replaces the expiry charge with the actual
+// usage, atomically and once; a Release after expiry takes the expiry
+// charge back (the caller knows nothing was billed). Both work while the ID
+// is remembered (Config.RememberSettled after the expiry); later, a Settle
+// is charged on top (over-counted, never lost).
 //
 // Money is counted in integer micro-dollars (1 USD = 1,000,000) computed
 // from a PriceTable; no floating point accumulates.
@@ -239,6 +269,10 @@ type UsageRow struct {
 	CachedTokens     int64 `json:"cached_tokens"`
 	// MicroUSD is the summed cost in micro-dollars.
 	MicroUSD int64 `json:"micro_usd"`
+	// Expired counts those of Requests whose reservation expired
+	// unsettled (their caller crashed): each is charged its hold, the
+	// estimate or the usage reported so far, whichever is more.
+	Expired int64 `json:"expired"`
 }
 
 // Status is a budget's state in one window.
@@ -315,10 +349,44 @@ type ReserveRequest struct {
 	Hold Amount
 	// Cap is the budget's caps; 0 in a dimension means no cap.
 	Cap Amount
-	// TTL is how long the hold lives unless settled or released.
+	// TTL is how long the hold lives unless settled, released or renewed;
+	// then it expires and is charged.
 	TTL time.Duration
 	// Keep is when the store may forget this window's state (its end plus
 	// the retention).
+	Keep time.Time
+	// Charge is what the hold is charged if it expires: the usage row it is
+	// counted in and its usage (Hold being the amount).
+	Charge Charge
+	// Remember is how long an expired hold's ID is remembered, so that a
+	// late Settle replaces its charge (and a late Release takes it back)
+	// instead of charging on top.
+	Remember time.Duration
+}
+
+// Charge is what an expired hold is counted as in the usage rows.
+type Charge struct {
+	// Model and Deployment name the row; Deployment may be empty.
+	Model, Deployment string
+	// Usage is counted in the row's token columns.
+	Usage Usage
+}
+
+// RenewRequest asks a Backend to extend a live hold and raise it to what
+// its request has used so far.
+type RenewRequest struct {
+	Key Key
+	ID  string
+	// TTL is how long from now the hold lives unless settled, released or
+	// renewed again.
+	TTL time.Duration
+	// Hold raises the hold: each dimension becomes the larger of the two.
+	// Holds never shrink, so renewals may arrive in any order.
+	Hold Amount
+	// Charge raises the hold's charge the same way (each usage count the
+	// larger); a non-empty Model or Deployment replaces the row's.
+	Charge Charge
+	// Keep is as in ReserveRequest.
 	Keep time.Time
 }
 
@@ -360,9 +428,13 @@ type Totals struct {
 }
 
 // Backend is the store side of budgets. Implementations are safe for
-// concurrent use, sweep expired holds (returning their amounts to the
-// budget) as part of every call, and make each call atomic. Requests have
-// been validated by the Manager.
+// concurrent use, sweep expired holds as part of every call, and make each
+// call atomic. Requests have been validated by the Manager.
+//
+// Sweeping charges an expired hold: its amount moves from reserved to
+// spent and its Charge is added to the usage rows (one request, counted
+// Expired), and its ID is remembered as settled, with the charge, for the
+// hold's Remember.
 type Backend interface {
 	// Reserve takes the hold if, in every dimension with a cap, spent +
 	// reserved + hold ≤ cap and spent + reserved < cap. A hold that already
@@ -372,12 +444,21 @@ type Backend interface {
 	Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error)
 	// Settle ends the hold of the ID (if it still exists) and charges the
 	// record, once per ID: a repeated Settle is a no-op with Applied false.
-	// A record whose hold expired or was released is still charged. When it
-	// returns nil, the charge is durable as far as the store promises.
+	// A record whose hold was released, or expired and was forgotten, is
+	// still charged. A Settle of an expired hold whose charge is remembered
+	// replaces that charge (spend and usage row) with the record's, and is
+	// Applied. When it returns nil, the charge is durable as far as the
+	// store promises.
 	Settle(ctx context.Context, req SettleRequest) (SettleResult, error)
-	// Release ends the hold of the ID without charging anything; it reports
-	// whether a hold was found.
+	// Release ends the hold of the ID without charging anything, or takes
+	// back the remembered charge of its expired hold (and forgets the ID,
+	// so that a later Settle is charged); it reports whether a hold or a
+	// charge was found.
 	Release(ctx context.Context, key Key, id string) (bool, error)
+	// Renew extends the live hold of the ID and raises it (see
+	// RenewRequest); it reports false, changing nothing, when there is no
+	// live hold: it was settled, released or has expired (and is charged).
+	Renew(ctx context.Context, req RenewRequest) (bool, error)
 	// Totals returns the window's spend and live holds.
 	Totals(ctx context.Context, key Key) (Totals, error)
 	// Usage returns the window's usage rows in any order.

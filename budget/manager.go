@@ -15,8 +15,10 @@ import (
 
 // Defaults used when a Config field is zero.
 const (
-	// DefaultTTL is how long a reservation lives unless settled or
-	// released: longer than any request, stream included, should take.
+	// DefaultTTL is how long a reservation lives unless settled, released
+	// or renewed: longer than any request, stream included, should take
+	// for callers that never call Renew. Callers that renew can use a much
+	// shorter TTL, so that a crashed caller's holds are charged sooner.
 	DefaultTTL = 15 * time.Minute
 	// DefaultRememberSettled is how long a settled ID is remembered, so that
 	// a repeated Settle within it is a no-op.
@@ -34,12 +36,14 @@ type Config struct {
 	// Prices prices models. Default DefaultPrices(); to add or override
 	// models, pass DefaultPrices().Merge(yours).
 	Prices PriceTable
-	// TTL is how long a reservation lives unless settled or released; an
-	// expired reservation's hold returns to the budget (a request that
-	// settles later is still charged). Default DefaultTTL, minimum MinTTL.
+	// TTL is how long a reservation lives unless settled, released or
+	// renewed (Renew); an expired reservation is charged its hold (see the
+	// package doc). Default DefaultTTL, minimum MinTTL.
 	TTL time.Duration
 	// RememberSettled is how long a settled reservation ID is remembered so
-	// that a repeated Settle is a no-op. Default DefaultRememberSettled.
+	// that a repeated Settle is a no-op, and how long an expired one's
+	// charge is remembered so that a late Settle replaces it. Default
+	// DefaultRememberSettled.
 	RememberSettled time.Duration
 	// Retention is how long a window's spend and usage rows are kept after
 	// the window ends. Default DefaultRetention.
@@ -142,6 +146,9 @@ func New(b Backend, cfg Config) (*Manager, error) {
 // Backend returns the store side of m.
 func (m *Manager) Backend() Backend { return m.b }
 
+// TTL returns how long m's reservations live without Renew.
+func (m *Manager) TTL() time.Duration { return m.cfg.TTL }
+
 // Prices returns the price table m charges with. Do not modify it.
 func (m *Manager) Prices() PriceTable { return m.cfg.Prices }
 
@@ -159,7 +166,7 @@ func (m *Manager) Stats() Stats {
 
 // Reserve admits a request to b if its estimate fits in what is left of the
 // current period, and holds the estimate until Settle or Release (or the
-// TTL). id identifies the request ("" = a new random ID); reserving an ID
+// TTL, when the hold is charged; Renew extends it). id identifies the request ("" = a new random ID); reserving an ID
 // that is already held reserves nothing more, so a Reserve whose outcome
 // was unknown (a timeout) can be retried. model prices the estimate: pass an
 // upper bound (prompt tokens plus max_tokens, no cached tokens) and the
@@ -204,6 +211,9 @@ func (m *Manager) Reserve(ctx context.Context, b Budget, id, model string, estim
 		Cap:  b.Cap(),
 		TTL:  m.cfg.TTL,
 		Keep: m.keep(w),
+		// Deployment unknown yet: Renew names it.
+		Charge:   Charge{Model: model, Usage: Usage{PromptTokens: estimate.PromptTokens, CompletionTokens: estimate.CompletionTokens}},
+		Remember: m.cfg.RememberSettled,
 	})
 	if err != nil {
 		if errors.Is(err, ErrSettledID) {
@@ -271,9 +281,10 @@ type Settled struct {
 // its cost rec.MicroUSD (computed from the price table for rec.Model when
 // zero). The actual usage may be more or less than the estimate. Settle is
 // idempotent per reservation ID: a repeat within Config.RememberSettled is a
-// no-op that returns Duplicate. A reservation that expired, was released,
-// or was admitted Unchecked is still charged. The record is aggregated into
-// the period's usage rows (see Usage).
+// no-op that returns Duplicate. A reservation that was released or was
+// admitted Unchecked is still charged; one that expired (and was charged
+// its hold) has that charge replaced by rec, once. The record is aggregated
+// into the period's usage rows (see Usage).
 //
 // Settle is the only record of money already spent: on error (wrapping
 // ErrStoreUnavailable) retry it; the retry cannot charge twice.
@@ -371,8 +382,9 @@ func (m *Manager) price(ctx context.Context, model, reserved string, u Usage) in
 }
 
 // Release ends res without charging anything: the request failed before the
-// provider charged for it. Releasing a reservation that was already settled,
-// released or expired does nothing.
+// provider charged for it. Releasing a reservation that expired takes back
+// the charge its expiry made (while it is remembered). Releasing one that
+// was already settled or released does nothing.
 func (m *Manager) Release(ctx context.Context, res Reservation) error {
 	if err := validName("reservation ID", res.ID); err != nil {
 		return err
@@ -393,6 +405,82 @@ func (m *Manager) Release(ctx context.Context, res Reservation) error {
 		return errors.Join(fmt.Errorf("%w: release %q for tenant %q: %w", ErrStoreUnavailable, res.ID, res.Tenant, err), ctx.Err())
 	}
 	return nil
+}
+
+// Progress is what a running request has used so far, for Renew.
+type Progress struct {
+	// Usage is the prompt and the completion tokens produced up to now.
+	Usage Usage
+	// Model and Deployment serve the request, when known: they price the
+	// usage and name the usage row an expiry charge is counted in. Empty:
+	// the reservation's model, no deployment (or the last one reported).
+	Model, Deployment string
+}
+
+// Renew keeps res alive for another Config.TTL while its request runs and
+// raises its hold to what the request has used so far, so that if the
+// caller dies the expiry charges at least that (see the package doc): the
+// hold becomes max(estimate, p.Usage) in prompt and completion tokens, and
+// the larger of the two costs. It never shrinks a hold, and it may take
+// the reservation's period over its cap: those tokens were already used.
+// Renew reports false when the hold is gone (settled, released, or
+// expired and charged), and does nothing for an Unchecked reservation.
+// Call it well within the TTL, e.g. every TTL/2.
+func (m *Manager) Renew(ctx context.Context, res Reservation, p Progress) (bool, error) {
+	if err := validName("reservation ID", res.ID); err != nil {
+		return false, err
+	}
+	if err := validName("Tenant", res.Tenant); err != nil {
+		return false, err
+	}
+	if _, err := ParseWindowID(res.Window.ID); err != nil {
+		return false, fmt.Errorf("renew %q: reservation window: %w", res.ID, err)
+	}
+	for _, f := range []struct{ name, v string }{{"model", p.Model}, {"deployment", p.Deployment}} {
+		if f.v != "" {
+			if err := validName(f.name, f.v); err != nil {
+				return false, err
+			}
+		}
+	}
+	if err := p.Usage.Validate(); err != nil {
+		return false, fmt.Errorf("renew %q: %w", res.ID, err)
+	}
+	if res.Unchecked {
+		return false, nil
+	}
+	u := Usage{
+		PromptTokens:     max(res.Estimate.PromptTokens, p.Usage.PromptTokens),
+		CompletionTokens: max(res.Estimate.CompletionTokens, p.Usage.CompletionTokens),
+	}
+	model := p.Model
+	if model == "" {
+		model = res.Model
+	}
+	cost, ok := m.cfg.Prices.Cost(model, u)
+	if !ok {
+		cost, _ = m.cfg.Prices.Cost(res.Model, u)
+	}
+	hold := Amount{Tokens: u.Tokens(), MicroUSD: min(max(cost, res.Hold.MicroUSD), MaxAmount)}
+	charge := Charge{Usage: u} // no model: the row stays
+	if p.Model != "" || p.Deployment != "" {
+		charge.Model, charge.Deployment = model, p.Deployment
+	}
+	found, err := m.b.Renew(ctx, RenewRequest{
+		Key:    Key{Tenant: res.Tenant, WindowID: res.Window.ID},
+		ID:     res.ID,
+		TTL:    m.cfg.TTL,
+		Hold:   hold,
+		Charge: charge,
+		Keep:   m.keep(res.Window),
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			m.storeErrors.Add(1)
+		}
+		return false, errors.Join(fmt.Errorf("%w: renew %q for tenant %q: %w", ErrStoreUnavailable, res.ID, res.Tenant, err), ctx.Err())
+	}
+	return found, nil
 }
 
 // Spend returns b's state in the period that contains at.

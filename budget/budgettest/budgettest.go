@@ -79,7 +79,10 @@ func Run(t *testing.T, newStore NewStore) {
 		{"SettleSeveralRequests", s.testSettleSeveral},
 		{"ReserveRetrySameID", s.testReserveRetry},
 		{"ReleaseFrees", s.testRelease},
-		{"UnsettledReservationExpires", s.testExpiry},
+		{"UnsettledReservationIsCharged", s.testExpiryCharged},
+		{"SettleAfterExpiryReplacesCharge", s.testSettleAfterExpiry},
+		{"ReleaseAndExpiry", s.testReleaseAndExpiry},
+		{"RenewKeepsAndRaisesHold", s.testRenew},
 		{"ConcurrentUpperBoundEstimatesNeverOvershoot", s.testConcurrentUpperBound},
 		{"ConcurrentUnderEstimatesBoundedOvershoot", s.testConcurrentUnderEstimate},
 		{"SequentialUnderEstimatesOvershootByLastError", s.testSequentialUnderEstimate},
@@ -482,36 +485,6 @@ func (s *suite) testRelease(t *testing.T) {
 		t.Fatal("settle after release reported a duplicate")
 	}
 	wantStatus(t, m, b, e.clk.Now(), budget.Amount{Tokens: 15, MicroUSD: 15}, budget.Amount{}, 0)
-}
-
-func (s *suite) testExpiry(t *testing.T) {
-	e := s.env(t, Start())
-	m := e.manager(func(c *budget.Config) { c.TTL = expiryTTL })
-	b := budget.Budget{Tenant: e.tenant, Period: budget.Day, Tokens: 1000}
-
-	r := mustReserve(t, m, b, testModel, usage(1000, 0))
-	mustDeny(t, m, b, testModel, usage(1, 0))
-	// The holder "crashes": it never settles. Move the fake clock past the
-	// TTL (a backend on its own clock just needs real time to pass).
-	e.clk.Advance(expiryTTL + time.Millisecond)
-	eventually(t, "the expired hold is freed", func() (bool, string) {
-		st := status(t, m, b, e.clk.Now())
-		return st.Reserved == (budget.Amount{}) && st.Holds == 0, fmt.Sprintf("%+v", st)
-	})
-	// The budget is whole again.
-	r2 := mustReserve(t, m, b, testModel, usage(1000, 0))
-	if err := m.Release(ctxFor(t), r2); err != nil {
-		t.Fatal(err)
-	}
-	// A late settle of the expired reservation is still charged, once.
-	got := mustSettle(t, m, r, budget.Record{Usage: usage(300, 0)})
-	if got.Duplicate || got.Spent.Tokens != 300 {
-		t.Fatalf("late settle = %+v; want 300 tokens charged", got)
-	}
-	if again := mustSettle(t, m, r, budget.Record{Usage: usage(300, 0)}); !again.Duplicate {
-		t.Fatal("second late settle was not a duplicate")
-	}
-	wantStatus(t, m, b, e.clk.Now(), budget.Amount{Tokens: 300, MicroUSD: 300}, budget.Amount{}, 0)
 }
 
 // outcome is one simulated request of the concurrency tests.

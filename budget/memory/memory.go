@@ -13,8 +13,9 @@
 // replaced by an empty state.
 //
 // Reservations are not persisted: they belong to requests in flight in this
-// process, which a restart ends. Reserve and Release therefore never wait
-// for the disk.
+// process, which a restart ends. Reserve, Renew and Release therefore never
+// wait for the disk; the charge of an expired hold is written with the
+// next write, which it triggers.
 //
 // The state file may be used by one process at a time; on Unix a lock file
 // next to it (Path + ".lock") enforces that.
@@ -106,15 +107,18 @@ type window struct {
 	expiry          holdHeap
 	settled         map[string]time.Time // ID → when it may be forgotten
 	settledQ        []settledID          // the same, in settle order
+	expired         map[string]*hold     // settled IDs charged by expiry, with what was charged
 	rows            map[rowKey]*budget.UsageRow
 	keep            time.Time
 }
 
 type hold struct {
-	id      string
-	amt     budget.Amount
-	expires time.Time
-	index   int // in the expiry heap
+	id       string
+	amt      budget.Amount
+	charge   budget.Charge // counted in the usage rows if it expires
+	remember time.Duration // how long its expiry charge is remembered
+	expires  time.Time
+	index    int // in the expiry heap
 }
 
 type settledID struct {
@@ -202,6 +206,7 @@ func newWindow(keep time.Time) *window {
 	return &window{
 		holds:   make(map[string]*hold),
 		settled: make(map[string]time.Time),
+		expired: make(map[string]*hold),
 		rows:    make(map[rowKey]*budget.UsageRow),
 		keep:    keep,
 	}
@@ -266,26 +271,100 @@ func (b *Backend) purgeLocked(now time.Time) {
 	}
 }
 
-// sweepLocked returns expired holds to the budget and forgets settled IDs
-// past their window; b.mu must be held.
+// sweepLocked charges expired holds and forgets settled IDs past their
+// window; b.mu must be held.
 func (b *Backend) sweepLocked(w *window, now time.Time) {
+	charged := false
 	for len(w.expiry) > 0 && !w.expiry[0].expires.After(now) {
 		h := heap.Pop(&w.expiry).(*hold)
 		delete(w.holds, h.id)
 		w.reserved.Tokens -= h.amt.Tokens
 		w.reserved.MicroUSD -= h.amt.MicroUSD
+		// Charged, not released: the caller died, the provider billed it.
+		w.spent = w.spent.Add(h.amt)
+		w.count(h.charge.Model, h.charge.Deployment, 1, 1, h.charge.Usage, h.amt.MicroUSD)
+		w.expired[h.id] = h
+		w.settle(h.id, now.Add(h.remember))
+		charged = true
 	}
 	n := 0
 	for n < len(w.settledQ) && !w.settledQ[n].forget.After(now) {
 		s := w.settledQ[n]
 		if f, ok := w.settled[s.id]; ok && !f.After(now) {
 			delete(w.settled, s.id)
+			delete(w.expired, s.id)
 		}
 		n++
 	}
 	if n > 0 {
 		w.settledQ = append(w.settledQ[:0:0], w.settledQ[n:]...)
 	}
+	if charged {
+		b.changedLocked()
+	}
+}
+
+// changedLocked marks the state as changed and wakes the writer, without
+// waiting for the write; b.mu must be held.
+func (b *Backend) changedLocked() {
+	b.dirty++
+	if b.path == "" {
+		return
+	}
+	select {
+	case b.kick <- struct{}{}:
+	default: // a write is already due
+	}
+}
+
+// count adds to the usage row of (model, deployment): requests, expired
+// requests, usage and cost (negative to take back; a row left without
+// requests is removed).
+func (w *window) count(model, deployment string, requests, expired int64, u budget.Usage, microUSD int64) {
+	rk := rowKey{model, deployment}
+	row := w.rows[rk]
+	if row == nil {
+		row = &budget.UsageRow{Model: model, Deployment: deployment}
+		w.rows[rk] = row
+	}
+	row.Requests += requests
+	row.Expired += expired
+	row.PromptTokens += u.PromptTokens
+	row.CompletionTokens += u.CompletionTokens
+	row.CachedTokens += u.CachedTokens
+	row.MicroUSD += microUSD
+	if row.Requests <= 0 {
+		delete(w.rows, rk)
+	}
+}
+
+// settle remembers id as settled until forget.
+func (w *window) settle(id string, forget time.Time) {
+	w.settled[id] = forget
+	w.settledQ = append(w.settledQ, settledID{id, forget})
+}
+
+// unexpire takes back the charge of id's expired hold, if it is
+// remembered, and reports whether it was.
+func (w *window) unexpire(id string) bool {
+	h := w.expired[id]
+	if h == nil {
+		return false
+	}
+	delete(w.expired, id)
+	w.spent.Tokens -= h.amt.Tokens
+	w.spent.MicroUSD -= h.amt.MicroUSD
+	neg := budget.Usage{PromptTokens: -h.charge.Usage.PromptTokens, CompletionTokens: -h.charge.Usage.CompletionTokens}
+	w.count(h.charge.Model, h.charge.Deployment, -1, -1, neg, -h.amt.MicroUSD)
+	return true
+}
+
+// free ends the live hold h.
+func (w *window) free(h *hold) {
+	heap.Remove(&w.expiry, h.index)
+	delete(w.holds, h.id)
+	w.reserved.Tokens -= h.amt.Tokens
+	w.reserved.MicroUSD -= h.amt.MicroUSD
 }
 
 func (w *window) isSettled(id string, now time.Time) bool {
@@ -317,7 +396,7 @@ func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budge
 		!fits(req.Cap.MicroUSD, w.spent.MicroUSD+w.reserved.MicroUSD, req.Hold.MicroUSD) {
 		return res, nil
 	}
-	h := &hold{id: req.ID, amt: req.Hold, expires: now.Add(req.TTL)}
+	h := &hold{id: req.ID, amt: req.Hold, charge: req.Charge, remember: req.Remember, expires: now.Add(req.TTL)}
 	w.holds[req.ID] = h
 	heap.Push(&w.expiry, h)
 	w.reserved = w.reserved.Add(req.Hold)
@@ -343,33 +422,19 @@ func (b *Backend) Settle(ctx context.Context, req budget.SettleRequest) (budget.
 	}
 	now := b.clk.Now()
 	w := b.windowLocked(req.Key, req.Keep, now)
-	if w.isSettled(req.ID, now) {
+	// An expired hold's remembered charge is replaced by the record.
+	if w.isSettled(req.ID, now) && !w.unexpire(req.ID) {
 		// A repeat: report success only once the first one is durable.
 		res := budget.SettleResult{Spent: w.spent}
 		return res, b.waitDurableLocked(ctx, b.dirty)
 	}
 	if h := w.holds[req.ID]; h != nil {
-		heap.Remove(&w.expiry, h.index)
-		delete(w.holds, req.ID)
-		w.reserved.Tokens -= h.amt.Tokens
-		w.reserved.MicroUSD -= h.amt.MicroUSD
+		w.free(h)
 	}
 	rec := req.Record
 	w.spent = w.spent.Add(budget.Amount{Tokens: rec.Usage.Tokens(), MicroUSD: rec.MicroUSD})
-	rk := rowKey{rec.Model, rec.Deployment}
-	row := w.rows[rk]
-	if row == nil {
-		row = &budget.UsageRow{Model: rec.Model, Deployment: rec.Deployment}
-		w.rows[rk] = row
-	}
-	row.Requests += max(rec.Requests, 1)
-	row.PromptTokens += rec.Usage.PromptTokens
-	row.CompletionTokens += rec.Usage.CompletionTokens
-	row.CachedTokens += rec.Usage.CachedTokens
-	row.MicroUSD += rec.MicroUSD
-	forget := now.Add(req.Remember)
-	w.settled[req.ID] = forget
-	w.settledQ = append(w.settledQ, settledID{req.ID, forget})
+	w.count(rec.Model, rec.Deployment, max(rec.Requests, 1), 0, rec.Usage, rec.MicroUSD)
+	w.settle(req.ID, now.Add(req.Remember))
 	res := budget.SettleResult{Applied: true, Spent: w.spent}
 	b.dirty++
 	return res, b.waitDurableLocked(ctx, b.dirty)
@@ -426,7 +491,8 @@ func (b *Backend) writerDone() bool {
 	}
 }
 
-// Release ends the hold of id without charging.
+// Release ends the hold of id without charging, or takes back the charge
+// of its expired hold.
 func (b *Backend) Release(_ context.Context, key budget.Key, id string) (bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -438,14 +504,47 @@ func (b *Backend) Release(_ context.Context, key budget.Key, id string) (bool, e
 		return false, nil
 	}
 	b.sweepLocked(w, b.clk.Now())
-	h := w.holds[id]
+	if h := w.holds[id]; h != nil {
+		w.free(h)
+		return true, nil
+	}
+	if w.unexpire(id) {
+		// Forgotten, so that a later Settle is charged (its settledQ entry
+		// finds nothing to forget).
+		delete(w.settled, id)
+		b.changedLocked()
+		return true, nil
+	}
+	return false, nil
+}
+
+// Renew extends the live hold of req.ID and raises it.
+func (b *Backend) Renew(ctx context.Context, req budget.RenewRequest) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false, ErrClosed
+	}
+	now := b.clk.Now()
+	w := b.windowLocked(req.Key, req.Keep, now)
+	h := w.holds[req.ID]
 	if h == nil {
 		return false, nil
 	}
-	heap.Remove(&w.expiry, h.index)
-	delete(w.holds, id)
-	w.reserved.Tokens -= h.amt.Tokens
-	w.reserved.MicroUSD -= h.amt.MicroUSD
+	amt := budget.Amount{Tokens: max(h.amt.Tokens, req.Hold.Tokens), MicroUSD: max(h.amt.MicroUSD, req.Hold.MicroUSD)}
+	w.reserved.Tokens += amt.Tokens - h.amt.Tokens
+	w.reserved.MicroUSD += amt.MicroUSD - h.amt.MicroUSD
+	h.amt = amt
+	h.charge.Usage.PromptTokens = max(h.charge.Usage.PromptTokens, req.Charge.Usage.PromptTokens)
+	h.charge.Usage.CompletionTokens = max(h.charge.Usage.CompletionTokens, req.Charge.Usage.CompletionTokens)
+	if req.Charge.Model != "" {
+		h.charge.Model, h.charge.Deployment = req.Charge.Model, req.Charge.Deployment
+	}
+	h.expires = now.Add(req.TTL)
+	heap.Fix(&w.expiry, h.index)
 	return true, nil
 }
 

@@ -133,8 +133,11 @@ func (st *fileState) validate() error {
 					return fmt.Errorf("window %d row %d: deployment: %w", i, j, err)
 				}
 			}
-			if r.Requests < 0 || r.PromptTokens < 0 || r.CompletionTokens < 0 || r.CachedTokens < 0 || r.MicroUSD < 0 {
+			if r.Requests < 0 || r.PromptTokens < 0 || r.CompletionTokens < 0 || r.CachedTokens < 0 || r.MicroUSD < 0 || r.Expired < 0 {
 				return fmt.Errorf("window %d row %d: negative count", i, j)
+			}
+			if r.Expired > r.Requests {
+				return fmt.Errorf("window %d row %d: %d expired requests of %d", i, j, r.Expired, r.Requests)
 			}
 			rk := rowKey{r.Model, r.Deployment}
 			if rows[rk] {

@@ -2,19 +2,21 @@
 //
 // # Keys
 //
-// The state of tenant T in window W (e.g. "2026-11") lives in five keys
+// The state of tenant T in window W (e.g. "2026-11") lives in seven keys
 // sharing the hash tag {T:W}, so every script touches one Cluster slot
 // (in T, "%", "{" and "}" are written %25, %7B and %7D):
 //
 //	<prefix>{T:W}:t  hash: spent and reserved tokens and µUSD
 //	<prefix>{T:W}:h  hash: live holds, reservation ID -> "tokens µUSD"
 //	<prefix>{T:W}:x  zset: live holds by expiry (server ms)
-//	<prefix>{T:W}:s  zset: settled IDs by when they may be forgotten
-//	<prefix>{T:W}:u  hash: usage rows (requests, tokens, µUSD per model and deployment)
+//	<prefix>{T:W}:s  zset: settled (or expired and charged) IDs by when they may be forgotten
+//	<prefix>{T:W}:u  hash: usage rows (requests, tokens, µUSD, expired requests per model and deployment)
+//	<prefix>{T:W}:c  hash: live holds, reservation ID -> what it is charged if it expires
+//	<prefix>{T:W}:e  hash: expired holds, reservation ID -> the charge made (while remembered)
 //
-// Every script first sweeps expired holds back into the budget, reading
-// time from the server (redis.call('TIME')), so a crashed caller's holds
-// free themselves without any background job. The window ID is computed by
+// Every script first sweeps expired holds, charging them (see the budget
+// package doc), reading time from the server (redis.call('TIME')), so a
+// crashed caller's holds are charged without any background job. The window ID is computed by
 // the caller from its own clock: windows are calendar days and months in a
 // configured time zone, so clock skew between replicas only matters within
 // seconds of midnight, where it decides which of two adjacent windows a
@@ -50,11 +52,14 @@ var (
 	releaseSrc string
 	//go:embed totals.lua
 	totalsSrc string
+	//go:embed renew.lua
+	renewSrc string
 
 	reserveScript = rueidis.NewLuaScript(commonSrc + reserveSrc)
 	settleScript  = rueidis.NewLuaScript(commonSrc + settleSrc)
 	releaseScript = rueidis.NewLuaScript(commonSrc + releaseSrc)
 	totalsScript  = rueidis.NewLuaScript(commonSrc + totalsSrc)
+	renewScript   = rueidis.NewLuaScript(commonSrc + renewSrc)
 )
 
 // DefaultPrefix starts every key this backend writes.
@@ -91,11 +96,12 @@ func New(c rueidis.Client, cfg Config) *Backend {
 	return &Backend{c: c, prefix: cfg.Prefix, settles: map[string]*settleQueue{}}
 }
 
-// Keys returns the five Redis keys of key's window, in the order the
-// scripts take them: totals, holds, expiry, settled, usage.
+// Keys returns the seven Redis keys of key's window, in the order the
+// scripts take them: totals, holds, expiry, settled, usage, charges,
+// expired.
 func (b *Backend) Keys(key budget.Key) []string {
 	base := b.prefix + "{" + tagEscaper.Replace(key.Tenant) + ":" + key.WindowID + "}:"
-	return []string{base + "t", base + "h", base + "x", base + "s", base + "u"}
+	return []string{base + "t", base + "h", base + "x", base + "s", base + "u", base + "c", base + "e"}
 }
 
 // tagEscaper keeps braces in a tenant's name from ending the hash tag early
@@ -113,6 +119,9 @@ func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budge
 		itoa(req.Cap.Tokens), itoa(req.Cap.MicroUSD),
 		itoa(max(req.TTL.Milliseconds(), 1)),
 		itoa(req.Keep.UnixMilli()),
+		itoa(req.Charge.Usage.PromptTokens), itoa(req.Charge.Usage.CompletionTokens),
+		itoa(max(req.Remember.Milliseconds(), 1)),
+		rowField(req.Charge.Model, req.Charge.Deployment),
 	}
 	v, err := ints(reserveScript.Exec(ctx, b.c, b.Keys(req.Key), args), 5)
 	if err != nil {
@@ -256,6 +265,27 @@ func (b *Backend) Release(ctx context.Context, key budget.Key, id string) (bool,
 	return n == 1, nil
 }
 
+// Renew runs renew.lua.
+func (b *Backend) Renew(ctx context.Context, req budget.RenewRequest) (bool, error) {
+	row := ""
+	if req.Charge.Model != "" {
+		row = rowField(req.Charge.Model, req.Charge.Deployment)
+	}
+	args := []string{
+		req.ID,
+		itoa(max(req.TTL.Milliseconds(), 1)),
+		itoa(req.Hold.Tokens), itoa(req.Hold.MicroUSD),
+		itoa(req.Charge.Usage.PromptTokens), itoa(req.Charge.Usage.CompletionTokens),
+		row,
+		itoa(req.Keep.UnixMilli()),
+	}
+	n, err := renewScript.Exec(ctx, b.c, b.Keys(req.Key), args).AsInt64()
+	if err != nil {
+		return false, fmt.Errorf("budget: redis renew: %w", err)
+	}
+	return n == 1, nil
+}
+
 // Totals runs totals.lua.
 func (b *Backend) Totals(ctx context.Context, key budget.Key) (budget.Totals, error) {
 	v, err := ints(totalsScript.Exec(ctx, b.c, b.Keys(key), nil), 5)
@@ -301,6 +331,8 @@ func (b *Backend) Usage(ctx context.Context, key budget.Key) ([]budget.UsageRow,
 			r.CachedTokens = n
 		case "m":
 			r.MicroUSD = n
+		case "e":
+			r.Expired = n
 		default:
 			return nil, fmt.Errorf("budget: redis usage: unexpected field %q", field)
 		}

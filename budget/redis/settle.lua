@@ -1,7 +1,7 @@
 -- settle.lua: end holds and charge the actual usage, once per ID, for a
 -- batch of settles of one window (concurrent Settle calls share a call).
 --
--- KEYS[1..5] totals, holds, expiry, settled, usage (see common.lua)
+-- KEYS[1..7] see common.lua
 -- ARGV[1] keep_ms      unix ms until which the window's keys are kept
 -- then 9 values per settle, in order:
 --   id           reservation ID
@@ -14,8 +14,9 @@
 --   remember_ms  the ID is remembered as settled this long
 --   requests     how many requests the record stands for
 --
--- A hold that expired or was released is gone, but the charge still
--- applies: the provider billed the request.
+-- A hold that was released is gone, but the charge still applies: the
+-- provider billed the request. A hold that expired was charged its hold
+-- (see sweep); while that charge is remembered, the settle replaces it.
 --
 -- Returns, per settle in order, {applied, spent_tokens, spent_usd}
 -- flattened: applied 1 charged now, 0 the ID was already settled (nothing
@@ -25,18 +26,13 @@ local out = {}
 local st, sm
 for i = 2, #ARGV, 9 do
   local id, row = ARGV[i], ARGV[i + 6]
-  if redis.call('ZSCORE', KEYS[4], id) then
+  if redis.call('ZSCORE', KEYS[4], id) and not unexpire(id) then
     if not st then st, sm = totals() end
     out[#out + 1] = 0
   else
     free(id)
-    st = redis.call('HINCRBY', KEYS[1], 'st', ARGV[i + 1])
-    sm = redis.call('HINCRBY', KEYS[1], 'sm', ARGV[i + 2])
-    redis.call('HINCRBY', KEYS[5], 'n:' .. row, ARGV[i + 8])
-    redis.call('HINCRBY', KEYS[5], 'p:' .. row, ARGV[i + 3])
-    redis.call('HINCRBY', KEYS[5], 'c:' .. row, ARGV[i + 4])
-    redis.call('HINCRBY', KEYS[5], 'k:' .. row, ARGV[i + 5])
-    redis.call('HINCRBY', KEYS[5], 'm:' .. row, ARGV[i + 2])
+    st, sm = spend(tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+    count(row, tonumber(ARGV[i + 8]), 0, tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), tonumber(ARGV[i + 2]))
     redis.call('ZADD', KEYS[4], int(now_ms + tonumber(ARGV[i + 7])), id)
     out[#out + 1] = 1
   end

@@ -68,7 +68,10 @@ const (
 	DefaultMaxResponseHeaderBytes = 10 * MiB
 	DefaultDialTimeout            = 30 * time.Second
 	DefaultTLSHandshakeTimeout    = 10 * time.Second
-	DefaultReservationTTL         = budget.DefaultTTL
+	// DefaultReservationTTL is short because running requests renew their
+	// holds (every third of it): a crashed replica's holds are charged
+	// within it.
+	DefaultReservationTTL = 30 * time.Second
 	// DefaultOpenAIBaseURL is the base URL of the provider Default builds
 	// when OPENAI_API_KEY is set.
 	DefaultOpenAIBaseURL = "https://api.openai.com/v1"
@@ -451,9 +454,11 @@ type BudgetStore struct {
 	// FailOpen admits requests without a budget check while the store is
 	// down. Default false: refuse them (fail-closed).
 	FailOpen bool `yaml:"fail_open"`
-	// ReservationTTL is how long an unsettled reservation holds budget
-	// before it expires (a crashed replica's holds free themselves).
-	// Default 15m; at least RequestTimeout.
+	// ReservationTTL is how long a reservation lives without renewal:
+	// running requests renew their holds every third of it, so an expired
+	// hold is one whose replica crashed (or lost the store for that long),
+	// and it is charged, not freed (see docs/budget.md). Default 30s; at
+	// least 1s.
 	ReservationTTL time.Duration `yaml:"reservation_ttl"`
 }
 

@@ -32,7 +32,7 @@ func TestDefaults(t *testing.T) {
 		"Upstream.Breaker":           Breaker{Failures: 5, OpenFor: 30 * time.Second},
 		"Upstream.Timeout":           Timeout{Floor: 10 * time.Second, Ceiling: 300 * time.Second, Multiplier: 4},
 		"Upstream.IdleTimeout":       120 * time.Second,
-		"Budget":                     BudgetStore{FailOpen: false, ReservationTTL: 15 * time.Minute},
+		"Budget":                     BudgetStore{FailOpen: false, ReservationTTL: 30 * time.Second},
 		"RateLimit":                  RateLimitStore{FailClosed: false, ReservationHold: DefaultReservationHold, LocalWindow: DefaultLocalWindow},
 		"Source":                     "test.yaml",
 		"Providers[0].Type":          "openai",

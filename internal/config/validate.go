@@ -200,13 +200,11 @@ func (v *validator) top() {
 	if d := c.Cache.MaxTTL; d < time.Second {
 		v.add("cache.max_ttl", "is %v; must be at least 1s, e.g. 24h", d)
 	}
-	if ttl := c.Budget.ReservationTTL; ttl <= 0 {
-		v.add("budget.reservation_ttl", "is %v; must be > 0, e.g. 15m", ttl)
-	} else if c.RequestTimeout > 0 && ttl < c.RequestTimeout {
-		// A hold that expires while its request still runs frees budget
-		// the request will then spend: concurrent requests could overshoot.
-		v.add("budget.reservation_ttl", "%v is shorter than request_timeout %v: a reservation could expire while its request runs and let others overspend; make it at least %v",
-			ttl, c.RequestTimeout, c.RequestTimeout)
+	// No relation to request_timeout is needed: running requests renew
+	// their holds, and a hold that expires anyway is charged, not freed,
+	// so it never lets others overspend.
+	if ttl := c.Budget.ReservationTTL; ttl < time.Second {
+		v.add("budget.reservation_ttl", "is %v; must be at least 1s (running requests renew their holds every third of it), e.g. 30s", ttl)
 	}
 }
 

@@ -73,9 +73,9 @@ tenants:
 		{"local window too long", P + "ratelimit: {local_window: 1m}", nil,
 			[]string{`ratelimit.local_window: is 1m; must be between 10ms and 10s, e.g. 100ms`}},
 		{"negative reservation ttl", P + "budget: {reservation_ttl: -1m}", nil,
-			[]string{`budget.reservation_ttl: is -1m; must be > 0, e.g. 15m`}},
-		{"reservation ttl below request timeout", P + "budget: {reservation_ttl: 5m}", nil,
-			[]string{`budget.reservation_ttl: 5m is shorter than request_timeout 10m: a reservation could expire while its request runs and let others overspend; make it at least 10m`}},
+			[]string{`budget.reservation_ttl: is -1m; must be at least 1s (running requests renew their holds every third of it), e.g. 30s`}},
+		{"reservation ttl too short", P + "budget: {reservation_ttl: 500ms}", nil,
+			[]string{`budget.reservation_ttl: is 500ms; must be at least 1s (running requests renew their holds every third of it), e.g. 30s`}},
 
 		// Upstream.
 		{"too many attempts", P + "upstream: {max_attempts: 11}", nil,

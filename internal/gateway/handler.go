@@ -52,6 +52,9 @@ type call struct {
 	// go by: made here, never the client's x-request-id, which a client
 	// could repeat to have later requests taken for settled ones.
 	usage string
+	// progress is what the request has used so far, for the keeper's
+	// budget renewals.
+	progress progress
 }
 
 func (c *call) tokenEstimate() int64 { return c.promptEstimate + c.completionEstimate }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
@@ -36,6 +37,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			g.releaseBudget(res)
 		}
 	}()
+	defer g.keepBudget(c, res).stop()
 
 	var cands []*deployment
 	for _, t := range c.targets {
@@ -69,7 +71,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			}
 			bodyModel = adm.dep.Model
 		}
-		kept := g.keepReservation(adm)
+		kept := g.keepReservation(c, adm)
 		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, provider.Request{
 			Path:      c.req.Endpoint.Path(),
 			Body:      body,
@@ -130,19 +132,42 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 // keepReservation keeps adm's rate-limit reservation alive while its
 // request runs (a long generation or stream), so that its concurrency
 // permit is not freed under it; a crashed replica's permits still free
-// themselves within one hold. The returned func stops it. One goroutine
-// does this for every request (see keeper): most end long before their
-// first renewal, and a timer each would cost them all.
-func (g *Gateway) keepReservation(adm admitted) keptReservation {
+// themselves within one hold. It also records adm's deployment as the one
+// serving c, for c's budget renewals. The returned func stops it. One
+// goroutine does this for every request (see keeper): most end long
+// before their first renewal, and a timer each would cost them all.
+func (g *Gateway) keepReservation(c *call, adm admitted) keptReservation {
+	c.progress.dep.Store(adm.dep)
 	if adm.decision.ID == "" {
 		return keptReservation{}
 	}
-	return g.keeper.add(g, adm)
+	return g.keeper.add(g, keptState{adm: adm})
 }
 
-// keeper renews the reservations of requests running longer than half a
-// hold, checking every quarter hold: a reservation is renewed between half
-// and three quarters of a hold after its last renewal, never later.
+// keepBudget keeps c's budget hold res alive while the request runs, and
+// raises it to what the request has used so far (the prompt and the
+// chunks streamed up to now): if this replica dies, the hold expires
+// within the budget TTL and is charged at least that (budget.Manager.Renew).
+func (g *Gateway) keepBudget(c *call, res budget.Reservation) keptReservation {
+	if res.Hold == (budget.Amount{}) || res.Unchecked {
+		return keptReservation{} // nothing held in the store
+	}
+	return g.keeper.add(g, keptState{c: c, res: res})
+}
+
+// progress is what a running request has used so far, as the keeper
+// reports it to the budget.
+type progress struct {
+	dep      atomic.Pointer[deployment] // the deployment serving it, once admitted
+	streamed atomic.Int64               // content chunks streamed so far (about a token each)
+}
+
+// keeper renews the rate-limit reservations of requests running longer
+// than half a hold, and the budget holds of requests running longer than a
+// third of the budget TTL, checking often enough that each is renewed well
+// before it expires (rate limits between half and three quarters of a
+// hold after the last renewal, budgets between a third and a half of the
+// TTL).
 type keeper struct {
 	mu      sync.Mutex // protects everything below
 	live    map[uint64]keptState
@@ -151,8 +176,12 @@ type keeper struct {
 	stopped bool
 }
 
+// keptState is one renewed reservation: a rate-limit one (adm), or a
+// budget hold (c and res).
 type keptState struct {
 	adm     admitted
+	c       *call
+	res     budget.Reservation
 	renewed time.Time // admission, then the last renewal
 }
 
@@ -167,12 +196,16 @@ func (r keptReservation) stop() {
 	if r.k == nil {
 		return
 	}
-	r.k.mu.Lock()
-	defer r.k.mu.Unlock()
-	delete(r.k.live, r.id)
+	r.k.drop(r.id)
 }
 
-func (k *keeper) add(g *Gateway, adm admitted) keptReservation {
+func (k *keeper) drop(id uint64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.live, id)
+}
+
+func (k *keeper) add(g *Gateway, st keptState) keptReservation {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.live == nil {
@@ -183,7 +216,8 @@ func (k *keeper) add(g *Gateway, adm admitted) keptReservation {
 		go k.run(g, k.stop)
 	}
 	k.next++
-	k.live[k.next] = keptState{adm: adm, renewed: time.Now()}
+	st.renewed = time.Now()
+	k.live[k.next] = st
 	return keptReservation{k, k.next}
 }
 
@@ -197,11 +231,16 @@ func (k *keeper) close() {
 	k.stopped = true
 }
 
+type keptDue struct {
+	id uint64
+	keptState
+}
+
 func (k *keeper) run(g *Gateway, stop <-chan struct{}) {
-	hold := g.opt.ReservationHold
-	tick := time.NewTicker(max(hold/4, time.Millisecond)) // a positive period, whatever the hold
+	hold, ttl := g.opt.ReservationHold, g.opt.Budgets.TTL()
+	tick := time.NewTicker(max(min(hold/4, ttl/6), time.Millisecond)) // a positive period, whatever the hold
 	defer tick.Stop()
-	var due []keptState
+	var due []keptDue
 	for {
 		select {
 		case <-stop:
@@ -210,14 +249,24 @@ func (k *keeper) run(g *Gateway, stop <-chan struct{}) {
 			due = due[:0]
 			k.mu.Lock()
 			for id, r := range k.live {
-				if now.Sub(r.renewed) >= hold/2 {
+				every := hold / 2
+				if r.c != nil {
+					every = ttl / 3
+				}
+				if now.Sub(r.renewed) >= every {
 					r.renewed = now
 					k.live[id] = r
-					due = append(due, r)
+					due = append(due, keptDue{id, r})
 				}
 			}
 			k.mu.Unlock()
 			for _, r := range due {
+				if r.c != nil {
+					if !g.renewBudget(r.c, r.res) {
+						k.drop(r.id)
+					}
+					continue
+				}
 				ctx, cancel := context.WithTimeout(context.Background(), feedbackTimeout)
 				err := g.opt.Limiter.Extend(ctx, r.adm.decision.ID, hold)
 				cancel()
@@ -227,6 +276,26 @@ func (k *keeper) run(g *Gateway, stop <-chan struct{}) {
 			}
 		}
 	}
+}
+
+// renewBudget renews c's budget hold res with what c has used so far; it
+// reports false when the hold is gone, so renewing it again is pointless.
+func (g *Gateway) renewBudget(c *call, res budget.Reservation) bool {
+	p := budget.Progress{Usage: budget.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.progress.streamed.Load()}}
+	if dep := c.progress.dep.Load(); dep != nil {
+		p.Model, p.Deployment = dep.Model, dep.Name
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), feedbackTimeout)
+	ok, err := g.opt.Budgets.Renew(ctx, res, p)
+	cancel()
+	switch {
+	case err != nil:
+		g.log.Warn("could not renew a long request's budget hold; if it expires it is charged, and the request's settle corrects it", "request_id", c.id, "err", err)
+	case !ok:
+		g.log.Warn("a running request's budget hold expired and was charged; the request's settle corrects it", "request_id", c.id)
+		return false
+	}
+	return true
 }
 
 // maxRetries429 bounds how often one request goes back to the queue after a
@@ -467,6 +536,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 			}
 			if ch.Content {
 				content++
+				c.progress.streamed.Store(content)
 			}
 			if !c.req.IncludeUsage {
 				if ch.UsageOnly {
