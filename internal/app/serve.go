@@ -84,8 +84,29 @@ func (a *App) checkConfig(args []string) int {
 		fmt.Fprintf(a.Stderr, "llmgate check-config: %v\n", err)
 		return exitUsage
 	}
-	cfg.Explain(a.Stdout, a.Getenv)
+	cfg.Explain(a.Stdout, a.Getenv, checkStore(cfg)...)
 	return exitOK
+}
+
+// checkStore connects to cfg's Redis store, if any, and returns what
+// check-config should warn about it: that it cannot be reached from here,
+// or what it lacks for budgets (redisWarnings).
+func checkStore(cfg *config.Config) []string {
+	if storeurl.IsMemory(cfg.Store) || !hasBudgets(cfg) {
+		return nil
+	}
+	client, err := storeurl.OpenRedis(cfg.Store)
+	if err != nil {
+		return []string{fmt.Sprintf("store: not reachable from here, so its persistence was not checked: %v", err)}
+	}
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), storeCheckTimeout)
+	defer cancel()
+	w, err := redisWarnings(ctx, client, cfg)
+	if err != nil {
+		return []string{fmt.Sprintf("store: its persistence could not be checked: %v", err)}
+	}
+	return w
 }
 
 func isHelp(s string) bool { return s == "-h" || s == "-help" || s == "--help" || s == "help" }
@@ -331,6 +352,15 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger, secrets []string
 			return nil, err
 		}
 		s.closers = append(s.closers, client.Close)
+		ctx, cancel := context.WithTimeout(context.Background(), storeCheckTimeout)
+		warnings, err := redisWarnings(ctx, client, cfg)
+		cancel()
+		if err != nil {
+			log.Warn("could not check the store's persistence", "err", err)
+		}
+		for _, w := range warnings {
+			log.Warn(w)
+		}
 		rlBackend = rlredis.New(client, rlredis.Config{})
 		bBackend = budgetredis.New(client, budgetredis.Config{})
 		lockBackend = lockredis.New(client, lockredis.Config{})

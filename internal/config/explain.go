@@ -17,10 +17,10 @@ import (
 // check-config`: the settings that matter, each provider's deployments with
 // their effective limits, the model names clients can send and where they
 // go, the tenants (how they authenticate, never their key), and warnings
-// (Warnings plus variables and files that are missing). It reads no secret:
+// (Warnings plus variables and files that are missing, then extra). It reads no secret:
 // it only checks that variables are set and files exist. Write errors are
 // ignored: this is a report for a terminal.
-func (c *Config) Explain(w io.Writer, getenv func(string) string) {
+func (c *Config) Explain(w io.Writer, getenv func(string) string, extra ...string) {
 	getenv = orNoEnv(getenv)
 	out := &errWriter{w: w}
 	p := out.printf
@@ -190,7 +190,7 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string) {
 	}
 	p("\nPrices: %d models (the built-in table, %d added or changed)\n", len(c.Prices), configured)
 
-	warnings := append(c.Warnings(), c.envWarnings(getenv)...)
+	warnings := append(append(c.Warnings(), c.envWarnings(getenv)...), extra...)
 	if len(warnings) == 0 {
 		p("\nWarnings: none\n")
 		return

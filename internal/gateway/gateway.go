@@ -327,6 +327,9 @@ func New(opt Options) (*Gateway, error) {
 	if err := reg.Register(newAdmissionCollector(opt.Limiter)); err != nil {
 		return nil, err
 	}
+	if err := reg.Register(newStoreCollector(opt.Ready, opt.Limiter, opt.Budgets)); err != nil {
+		return nil, err
+	}
 	g.usage.g = g
 	seen := make(map[string]bool)
 	for i := range opt.Deployments {
