@@ -302,6 +302,8 @@ type ExhaustedError struct {
 	// Reserved is what other requests in flight held: it frees up as they
 	// settle, so a request may fit again before the period ends.
 	Reserved Amount
+	// Spent is what the period had spent.
+	Spent Amount
 	// Tokens and Money report which caps denied the request.
 	Tokens, Money bool
 }

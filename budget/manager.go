@@ -117,6 +117,8 @@ type Stats struct {
 	// Unpriced counts settled records whose model had no price: their cost
 	// was recorded as 0.
 	Unpriced uint64
+	// Waiting is how many ReserveWait calls wait for room now.
+	Waiting uint64
 }
 
 // Manager admits, settles and reports budgets over a Backend. It is safe
@@ -129,6 +131,9 @@ type Manager struct {
 
 	warnedMu sync.Mutex          // protects warned
 	warned   map[string]struct{} // unpriced models already logged
+
+	lines   lines // requests waiting in ReserveWait, per budget window
+	waiting atomic.Int64
 }
 
 // New returns a Manager over b, or an error if cfg is invalid.
@@ -161,6 +166,7 @@ func (m *Manager) Stats() Stats {
 		FailedOpen:  m.failedOpen.Load(),
 		Settled:     m.settled.Load(),
 		Unpriced:    m.unpriced.Load(),
+		Waiting:     uint64(m.waiting.Load()),
 	}
 }
 
@@ -238,7 +244,7 @@ func (m *Manager) Reserve(ctx context.Context, b Budget, id, model string, estim
 	left := leftOf(b.Cap(), r.Spent, r.Reserved)
 	if !r.Admitted {
 		m.denied.Add(1)
-		e := &ExhaustedError{Tenant: b.Tenant, Window: w, Need: hold, Left: left, Reserved: r.Reserved}
+		e := &ExhaustedError{Tenant: b.Tenant, Window: w, Need: hold, Left: left, Reserved: r.Reserved, Spent: r.Spent}
 		e.Tokens = b.Tokens > 0 && !fits(b.Tokens, r.Spent.Tokens+r.Reserved.Tokens, hold.Tokens)
 		e.Money = b.MicroUSD > 0 && !fits(b.MicroUSD, r.Spent.MicroUSD+r.Reserved.MicroUSD, hold.MicroUSD)
 		return Reservation{}, e
@@ -355,6 +361,7 @@ func (m *Manager) Settle(ctx context.Context, res Reservation, rec Record) (Sett
 	if r.Applied {
 		m.settled.Add(1)
 	}
+	m.wake(Key{Tenant: res.Tenant, WindowID: res.Window.ID})
 	return Settled{Record: rec, Duplicate: !r.Applied, Spent: r.Spent}, nil
 }
 
@@ -404,6 +411,7 @@ func (m *Manager) Release(ctx context.Context, res Reservation) error {
 			slog.String("error", err.Error()))
 		return errors.Join(fmt.Errorf("%w: release %q for tenant %q: %w", ErrStoreUnavailable, res.ID, res.Tenant, err), ctx.Err())
 	}
+	m.wake(Key{Tenant: res.Tenant, WindowID: res.Window.ID})
 	return nil
 }
 

@@ -53,7 +53,17 @@ func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservatio
 		}
 		return budget.Reservation{ID: c.usageID(), Tenant: c.tenant.Name, Window: win, Model: c.priceModel(), Estimate: est}, nil
 	}
-	res, err := g.opt.Budgets.Reserve(ctx, b, c.usageID(), c.priceModel(), est)
+	// A request that does not fit while others are in flight waits for
+	// them to settle (usually below their estimates), within its max wait;
+	// the rate limits get what is left of it.
+	start := time.Now()
+	res, err := g.opt.Budgets.ReserveWaitFunc(ctx, b, c.usageID(), c.priceModel(), func() budget.Usage {
+		g.estimateCompletion(c)
+		return budget.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.completionEstimate}
+	}, c.maxWait)
+	if c.maxWait > 0 {
+		c.maxWait = max(c.maxWait-time.Since(start), 0)
+	}
 	if err == nil {
 		return res, nil
 	}

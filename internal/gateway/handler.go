@@ -292,6 +292,15 @@ func (g *Gateway) estimate(c *call) {
 	default:
 		c.promptEstimate = int64(tokens.Input(req.Model, req.Input))
 	}
+	g.estimateCompletion(c)
+}
+
+// estimateCompletion sets the most c's completion may use: max_tokens, or
+// for a chat completion without it the largest recent one of its tenant
+// and model. Called again while c waits for budget, as recent answers
+// teach more.
+func (g *Gateway) estimateCompletion(c *call) {
+	req := c.req
 	if req.Endpoint == openai.Embeddings {
 		return
 	}

@@ -1,0 +1,114 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/internal/testutil"
+)
+
+// TestE2EBudgetUsedUnderOverDemand: a 5,000-token budget under three times
+// the demand it allows, through three replicas on one Redis, with requests
+// that do not set max_tokens (so each reserves an estimate far above what
+// it uses). Requests that do not fit while others are in flight wait for
+// them to settle instead of being refused, so at least 90% of the budget is
+// used, and the spend is never above it, although every request is sent
+// at once and never retried (insufficient_quota says not to). What may be
+// left unused is about one cold estimate (prompt + 256 completion tokens):
+// a replica that has not yet seen an answer of its own keeps that
+// estimate, and its waiters cannot fit the last few hundred tokens.
+func TestE2EBudgetUsedUnderOverDemand(t *testing.T) {
+	logRuntime(t)
+	const (
+		budgetTokens = 5000
+		// 330 requests at once, each about 45 tokens: three times what
+		// the budget allows. Each client sends one.
+		perReplica = 110
+		perClient  = 1
+	)
+	rds := testutil.StartRedis(t)
+	// Slow enough tokens that requests overlap and hold estimates at once.
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: 2 * time.Millisecond, APIKeys: []string{e2eProviderKey}})
+	reps := startReplicas(t, 3, gatewayConfig{
+		Store: rds.URL(), SimURL: s.url, LogLevel: "info",
+		Budget: fmt.Sprintf("{period: day, tokens: %d}", budgetTokens),
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+
+	stopObs, obsDone := make(chan struct{}), make(chan struct{})
+	var maxSeen int64
+	go func() {
+		defer close(obsDone)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			if spent, _, err := usageOf(ctx, reps[i%len(reps)], "team-a"); err == nil {
+				maxSeen = max(maxSeen, spent)
+			}
+			select {
+			case <-stopObs:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+
+	var answered, refused, served atomic.Int64
+	errs := make(chan error, len(reps)*perReplica)
+	var wg sync.WaitGroup
+	for ri, r := range reps {
+		c := r.sdk(e2eTenantKey)
+		for k := range perReplica {
+			wg.Go(func() {
+				for n := range perClient {
+					resp, err := c.Chat.Completions.New(ctx, chatParams(fmt.Sprintf("over-demand %d/%d/%d", ri, k, n), 0))
+					if err == nil {
+						answered.Add(1)
+						served.Add(resp.Usage.TotalTokens)
+						continue
+					}
+					if e := sdkError(err); e == nil || e.StatusCode != http.StatusTooManyRequests || e.Code != "insufficient_quota" {
+						errs <- fmt.Errorf("%s: %w", r.name, err)
+						return
+					}
+					// x-should-retry: false; a client gives up.
+					refused.Add(1)
+					return
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(stopObs)
+	<-obsDone
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	spent, holds := waitSettled(t, ctx, reps[0])
+	total := int64(len(reps) * perReplica * perClient)
+	t.Logf("%d of %d requests answered (%d tokens), %d refused; spent %d of %d tokens (%.1f%%), highest sample %d",
+		answered.Load(), total, served.Load(), refused.Load(), spent, budgetTokens, 100*float64(spent)/budgetTokens, maxSeen)
+	if refused.Load() == 0 {
+		t.Fatalf("no request was refused: the demand (%d tokens served) was not above the budget", served.Load())
+	}
+	if spent > budgetTokens || maxSeen > budgetTokens {
+		t.Errorf("spent %d (highest sample %d) of a %d-token budget", spent, maxSeen, budgetTokens)
+	}
+	if spent < budgetTokens*9/10 {
+		t.Errorf("spent %d of %d tokens: less than 90%% of the budget used under over-demand", spent, budgetTokens)
+	}
+	if holds != 0 {
+		t.Errorf("%d reservations still live", holds)
+	}
+	if spent != served.Load() {
+		t.Errorf("the clients were served %d tokens, the budget charged %d", served.Load(), spent)
+	}
+}
