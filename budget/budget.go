@@ -463,6 +463,7 @@ type Backend interface {
 	Renew(ctx context.Context, req RenewRequest) (bool, error)
 	// Totals returns the window's spend and live holds.
 	Totals(ctx context.Context, key Key) (Totals, error)
-	// Usage returns the window's usage rows in any order.
+	// Usage returns the window's usage rows in any order, after the sweep:
+	// expired holds are counted in them.
 	Usage(ctx context.Context, key Key) ([]UsageRow, error)
 }

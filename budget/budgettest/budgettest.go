@@ -83,6 +83,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"SettleAfterExpiryReplacesCharge", s.testSettleAfterExpiry},
 		{"ReleaseAndExpiry", s.testReleaseAndExpiry},
 		{"RenewKeepsAndRaisesHold", s.testRenew},
+		{"UsageChargesExpiredHolds", s.testUsageSweeps},
 		{"ConcurrentUpperBoundEstimatesNeverOvershoot", s.testConcurrentUpperBound},
 		{"ConcurrentUnderEstimatesBoundedOvershoot", s.testConcurrentUnderEstimate},
 		{"SequentialUnderEstimatesOvershootByLastError", s.testSequentialUnderEstimate},

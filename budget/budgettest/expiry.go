@@ -88,6 +88,29 @@ func (s *suite) testExpiryCharged(t *testing.T) {
 	}
 }
 
+// testUsageSweeps: Usage sweeps like every call, so the first read after
+// a hold expired, with no other call before it, counts the hold's charge
+// in the rows (an admin page that reads the rows and then the spend must
+// not show the spend without the rows).
+func (s *suite) testUsageSweeps(t *testing.T) {
+	e := s.env(t, Start())
+	m := e.manager(withTTL(expiryTTL))
+	b := budget.Budget{Tenant: e.tenant, Period: budget.Day, Tokens: 1000}
+
+	mustReserve(t, m, b, testModel, usage(600, 200))
+	w, _ := b.Window(e.clk.Now())
+	e.clk.Advance(expiryTTL + time.Millisecond)
+	want := budget.UsageRow{Model: testModel, Requests: 1, Expired: 1, PromptTokens: 600, CompletionTokens: 200, MicroUSD: 1000}
+	eventually(t, "Usage counts the expired hold", func() (bool, string) {
+		rows, err := m.Usage(ctxFor(t), e.tenant, w.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(rows) == 1 && rows[0] == want, fmt.Sprintf("%+v", rows)
+	})
+	wantStatus(t, m, b, e.clk.Now(), budget.Amount{Tokens: 800, MicroUSD: 1000}, budget.Amount{}, 0)
+}
+
 // testSettleAfterExpiry: a late Settle replaces the expiry's charge with the
 // actual usage, once, even when replicas race to settle it.
 func (s *suite) testSettleAfterExpiry(t *testing.T) {

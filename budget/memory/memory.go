@@ -574,6 +574,7 @@ func (b *Backend) Usage(_ context.Context, key budget.Key) ([]budget.UsageRow, e
 	if w == nil {
 		return nil, nil
 	}
+	b.sweepLocked(w, b.clk.Now()) // expired holds are charged in the rows
 	rows := make([]budget.UsageRow, 0, len(w.rows))
 	for _, r := range w.rows {
 		rows = append(rows, *r)

@@ -54,12 +54,15 @@ var (
 	totalsSrc string
 	//go:embed renew.lua
 	renewSrc string
+	//go:embed usage.lua
+	usageSrc string
 
 	reserveScript = rueidis.NewLuaScript(commonSrc + reserveSrc)
 	settleScript  = rueidis.NewLuaScript(commonSrc + settleSrc)
 	releaseScript = rueidis.NewLuaScript(commonSrc + releaseSrc)
 	totalsScript  = rueidis.NewLuaScript(commonSrc + totalsSrc)
 	renewScript   = rueidis.NewLuaScript(commonSrc + renewSrc)
+	usageScript   = rueidis.NewLuaScript(commonSrc + usageSrc)
 )
 
 // DefaultPrefix starts every key this backend writes.
@@ -299,9 +302,10 @@ func (b *Backend) Totals(ctx context.Context, key budget.Key) (budget.Totals, er
 	}, nil
 }
 
-// Usage reads the window's usage hash.
+// Usage runs usage.lua: it reads the window's usage hash after sweeping,
+// so that expired holds are counted in the rows.
 func (b *Backend) Usage(ctx context.Context, key budget.Key) ([]budget.UsageRow, error) {
-	m, err := b.c.Do(ctx, b.c.B().Hgetall().Key(b.Keys(key)[4]).Build()).AsIntMap()
+	m, err := usageScript.Exec(ctx, b.c, b.Keys(key), nil).AsIntMap()
 	if err != nil {
 		return nil, fmt.Errorf("budget: redis usage: %w", err)
 	}
