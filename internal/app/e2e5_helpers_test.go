@@ -32,10 +32,12 @@ type upstreamCall struct {
 	requestID string // the gateway's x-request-id
 	fence     string // x-fencing-token; "" when none was sent
 	at        time.Time
+	done      time.Time // when the provider finished with it (zero while it runs)
 }
 
 // gatedSim is the simulated provider on a loopback listener, wrapped to
-// record every chat completion request in arrival order and, while it is
+// record every chat completion request in arrival order (with the time
+// it arrived and the time the provider was done with it) and, while it is
 // holding, to keep each one waiting until release.
 type gatedSim struct {
 	*sim.Server
@@ -66,6 +68,7 @@ func newGatedSim(t testing.TB, cfg sim.Config) *gatedSim {
 			return
 		}
 		s.mu.Lock()
+		i := len(s.calls)
 		s.calls = append(s.calls, upstreamCall{
 			body: string(body), requestID: r.Header.Get("X-Request-Id"), fence: r.Header.Get("X-Fencing-Token"), at: time.Now(),
 		})
@@ -73,6 +76,11 @@ func newGatedSim(t testing.TB, cfg sim.Config) *gatedSim {
 		close(s.changed)
 		s.changed = make(chan struct{})
 		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.calls[i].done = time.Now()
+			s.mu.Unlock()
+		}()
 		if gate != nil {
 			select {
 			case <-gate:

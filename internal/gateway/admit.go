@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/internal/openai"
+	"github.com/llmgate/llmgate/lock"
 	"github.com/llmgate/llmgate/ratelimit"
 )
 
@@ -227,9 +228,12 @@ func (g *Gateway) limiterError(ctx context.Context, c *call, err error) *apiErro
 	}
 }
 
-// cancelled is the answer to a request whose client left or whose deadline
-// passed.
+// cancelled is the answer to a request whose client left, whose deadline
+// passed or whose session lease was lost.
 func (g *Gateway) cancelled(c *call, ctx context.Context) *apiError {
+	if errors.Is(context.Cause(ctx), lock.ErrLost) {
+		return g.sessionLost(c)
+	}
 	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		c.outcome = "timeout"
 		return errf(http.StatusGatewayTimeout, openai.TypeTimeout, "request_timeout", "",

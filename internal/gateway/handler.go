@@ -14,6 +14,7 @@ import (
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/tokens"
+	"github.com/llmgate/llmgate/lock"
 	"github.com/llmgate/llmgate/ratelimit"
 )
 
@@ -46,6 +47,9 @@ type call struct {
 	// session is the request's session id ("" without one); fence is the
 	// session lease's fencing token, sent upstream as x-fencing-token.
 	session, fence string
+	// lease is the session's lease while the request holds it; nil
+	// without a session.
+	lease *lock.Lease
 	// hash is the body's content hash, once computed.
 	hash string
 	// usage is the ID the request's budget reservation and usage record

@@ -29,6 +29,7 @@ type metrics struct {
 	retries429    prometheus.Counter
 	admissionWait prometheus.Histogram
 	sessionWait   prometheus.Histogram
+	sessionsLost  prometheus.Counter
 	dedup         *prometheus.CounterVec
 	cache         *prometheus.CounterVec
 	settleErrors  prometheus.Counter
@@ -154,6 +155,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "llmgate_session_wait_seconds", Help: "Time requests waited for their session's earlier requests.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 12),
 		}),
+		sessionsLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgate_session_leases_lost_total",
+			Help: "Session requests stopped because their session lease was lost (the replica was paused or cut off from the store past sessions.ttl): before their upstream call, or with it cancelled.",
+		}),
 		dedup: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgate_dedup_total", Help: "Requests that shared an upstream call, by role (leader made it, follower received it).",
 		}, []string{"role"}),
@@ -169,7 +174,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"kind"}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.upstream, m.tokens, m.cost, m.limited,
-		m.budgetDenied, m.fallbacks, m.feedback429, m.learned, m.retries429, m.admissionWait, m.sessionWait, m.dedup, m.cache, m.settleErrors, m.clientTimeout} {
+		m.budgetDenied, m.fallbacks, m.feedback429, m.learned, m.retries429, m.admissionWait, m.sessionWait, m.sessionsLost, m.dedup, m.cache, m.settleErrors, m.clientTimeout} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/lock"
 )
 
 // maxAnswerBytes bounds a non-streamed upstream answer held in memory.
@@ -72,7 +73,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			bodyModel = adm.dep.Model
 		}
 		kept := g.keepReservation(c, adm)
-		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, provider.Request{
+		preq := provider.Request{
 			Path:      c.req.Endpoint.Path(),
 			Body:      body,
 			Header:    upstreamHeader(r, c),
@@ -81,13 +82,30 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			// A provider 429 is retried here, through the shared limiter
 			// (which its cooldown now holds back), not by the client.
 			NoRetry429: true,
-		})
+		}
+		if c.lease != nil {
+			// Each attempt goes out only while the session is ours: a
+			// replica paused past its lease must not send a turn that
+			// a later one has overtaken.
+			preq.BeforeAttempt = func() error { return confirmSession(ctx, c.lease) }
+		}
+		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, preq)
 		last := len(cands) == 1
 		if err != nil {
 			kept.stop()
 			g.refund(adm)
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				g.cancelled(c, ctx).Write(w)
+				return
+			case errors.Is(err, errSessionLost):
+				g.sessionLost(c).Write(w)
+				return
+			case errors.Is(err, errSessionUnconfirmed):
+				c.outcome = "store_unavailable"
+				g.log.Warn("session lease could not be confirmed before the upstream call", "request_id", c.id, "err", err)
+				errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "store_unavailable", "",
+					"The gateway cannot confirm this session's turn right now. Retry shortly.").Write(w)
 				return
 			}
 			lastErr = g.upstreamError(c, adm.dep, err)
@@ -455,6 +473,19 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 			"The provider's answer could not be read.").Write(w)
 		return
 	}
+	if c.lease != nil && !sessionHeld(c.lease, time.Now()) {
+		// The session may be serving a later request already: this
+		// answer would reach the client after it. Charged all the same:
+		// the provider did the work.
+		for k := range h {
+			if k != "X-Request-Id" {
+				delete(h, k)
+			}
+		}
+		g.sessionLost(c, "answer", "withheld").Write(w)
+		g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body), false)
+		return
+	}
 	body = g.redact.Bytes(body) // error messages quote keys back
 	h["Content-Length"] = []string{itoa(int64(len(body)))}
 	w.WriteHeader(resp.StatusCode)
@@ -462,19 +493,26 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	// Send the answer now: net/http would only send it once the handler
 	// returns, after the accounting below, which the client need not wait for.
 	_ = http.NewResponseController(w).Flush()
-	var usage *openai.Usage
 	if resp.StatusCode/100 == 2 {
 		c.outcome = "ok"
-		usage = openai.ParseUsage(body)
-		if usage == nil {
-			// No usage in the answer: charge the prompt estimate, the
-			// one part known to have been processed.
-			usage = &openai.Usage{PromptTokens: c.promptEstimate}
-		}
 	} else {
 		c.outcome = "upstream_" + statusClass(resp.StatusCode)
 	}
-	g.finish(c, adm, res, usage, false)
+	g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body), false)
+}
+
+// answerUsage is what a non-streamed answer with status used: its usage,
+// or nil when the provider refused the request.
+func answerUsage(c *call, status int, body []byte) *openai.Usage {
+	if status/100 != 2 {
+		return nil
+	}
+	if u := openai.ParseUsage(body); u != nil {
+		return u
+	}
+	// No usage in the answer: charge the prompt estimate, the one part
+	// known to have been processed.
+	return &openai.Usage{PromptTokens: c.promptEstimate}
 }
 
 // readAnswer reads a non-streamed answer, up to one byte over
@@ -521,6 +559,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 		er       = openai.NewEventReader(resp.Body)
 		clientOK = true
 		sawDone  bool
+		lost     bool   // the session lease lapsed before the end
 		scratch  []byte // reused by dropNullUsage
 	)
 	for {
@@ -547,6 +586,14 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 				}
 			}
 		}
+		if len(raw) > 0 && c.lease != nil && !sessionHeld(c.lease, time.Now()) {
+			// Paused past the lease, or the watchdog found it lost:
+			// the session may be serving a later request already, so
+			// nothing more of this one goes out.
+			lost = true
+			cancel(errSessionLost) // closes the upstream body: the provider stops
+			break
+		}
 		raw = g.redact.Bytes(raw)
 		if len(raw) > 0 && clientOK && err == nil {
 			if _, werr := w.Write(raw); werr != nil || rc.Flush() != nil {
@@ -558,9 +605,19 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 			break
 		}
 	}
-	complete := sawDone || usage != nil
+	complete := (sawDone || usage != nil) && !lost
+	if !complete && errors.Is(context.Cause(sctx), lock.ErrLost) {
+		lost = true // the watchdog found the lease lost and cancelled the call
+	}
 	if !complete {
 		switch {
+		case lost:
+			// Cut off: end the client's stream with the error, in-band.
+			e := g.sessionLost(c, "stream_chunks", content)
+			if clientOK {
+				_, _ = w.Write(append(append([]byte("data: "), e.Body()...), '\n'))
+				_ = rc.Flush()
+			}
 		case !clientOK || (ctx.Err() != nil && !errors.Is(context.Cause(sctx), errIdle)):
 			c.outcome = "cancelled"
 		default:

@@ -2,8 +2,11 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,6 +21,17 @@ const (
 	DefaultSessionHeader = "X-Session-Id"
 	DefaultSessionTTL    = 10 * time.Second
 	maxSessionIDLen      = 256
+)
+
+// Errors of a request whose session lease lapsed, as the upstream call's
+// BeforeAttempt check returns them.
+var (
+	// errSessionLost: the store says another request holds the session
+	// now; nothing more may be sent for this one.
+	errSessionLost = errors.New("gateway: session lease lost")
+	// errSessionUnconfirmed: the lease's validity ran low and the store
+	// could not be asked whether it is still ours.
+	errSessionUnconfirmed = errors.New("gateway: session lease not confirmed")
 )
 
 // sessionID returns the request's session id ("" when none) or a 400: the
@@ -85,7 +99,73 @@ func (g *Gateway) lockSession(ctx context.Context, c *call, id string) (*lock.Le
 	}
 	lease.Keepalive()
 	c.fence = strconv.FormatUint(lease.Fence, 10)
+	c.lease = lease
 	return lease, nil
+}
+
+// sessionHeld reports whether lease is certainly still held at now: not
+// ended, and within the validity the store last confirmed, measured on the
+// monotonic clock from the start of that confirmation. A replica that was
+// paused past its lease finds it lapsed here as soon as it runs again,
+// before its watchdog had a chance to notice.
+func sessionHeld(lease *lock.Lease, now time.Time) bool {
+	return lease.Err() == nil && now.Before(lease.ValidUntil())
+}
+
+// confirmSession is the check right before each upstream attempt of a
+// session request: the lease must be valid for at least a quarter of the
+// session TTL more (the time the request takes to reach the provider, with
+// room to spare). The watchdog renews every third of the TTL, so a holder
+// that runs normally always passes without a store call; one that was
+// paused, starved or cut off from the store asks the store (an Extend,
+// which fails if the lease is no longer ours) and sends only if the store
+// confirms it.
+func confirmSession(ctx context.Context, lease *lock.Lease) error {
+	if lease.Err() != nil {
+		return errSessionLost
+	}
+	margin := lease.TTL / 4
+	if time.Until(lease.ValidUntil()) > margin {
+		return nil
+	}
+	ectx, cancel := context.WithTimeout(ctx, margin)
+	err := lease.Extend(ectx, 0)
+	cancel()
+	switch {
+	case errors.Is(err, lock.ErrNotHeld) || lease.Err() != nil:
+		return errSessionLost
+	case err != nil:
+		return fmt.Errorf("%w: %w", errSessionUnconfirmed, err)
+	case time.Until(lease.ValidUntil()) <= 0:
+		return fmt.Errorf("%w: the store took longer than the lease to answer", errSessionUnconfirmed)
+	}
+	return nil
+}
+
+// sessionLost is the answer to a request whose session lease ended before
+// its answer did: this replica was paused, starved or cut off from the
+// store past the session TTL, and the session may have moved on to a
+// later request. Nothing more is sent upstream for it, and it is not
+// retried automatically (x-should-retry: false): a retry would come after
+// the later request. attrs are added to the log line.
+func (g *Gateway) sessionLost(c *call, attrs ...any) *apiError {
+	c.outcome = "session_lost"
+	g.metrics.sessionsLost.Inc()
+	g.log.Warn("session lease lost; request stopped", append([]any{"request_id", c.id, "tenant", c.tenant.Name,
+		"session", sessionTag(c), "fence", c.fence}, attrs...)...)
+	e := errf(http.StatusConflict, openai.TypeInvalidRequest, "session_lost", "",
+		"The session moved on to a later request: the gateway replica serving this one lost the session's lease "+
+			"(it was paused or cut off from the store for longer than the session TTL), so this request was stopped. "+
+			"You may retry it; it will then come after the session's later requests.")
+	return withHeaders(e, func(h http.Header) { h.Set("X-Should-Retry", "false") })
+}
+
+// sessionTag names c's session in logs without showing its id, which a
+// client chooses and may fill with anything (an e-mail address, a token):
+// the first 12 hex digits of the SHA-256 of the session's lock key.
+func sessionTag(c *call) string {
+	sum := sha256.Sum256([]byte("session:" + c.tenant.Name + ":" + c.session))
+	return hex.EncodeToString(sum[:6])
 }
 
 // unlockSession releases the session after the answer was sent.

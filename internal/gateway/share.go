@@ -176,9 +176,11 @@ func (g *Gateway) lead(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	// A leader whose client left before the answer was complete gives up,
 	// so that a follower takes over (skipping what it already relayed);
 	// anything else, client errors included, is the shared answer.
-	// Transient failures (429, 5xx) are not the answer either: stored under
-	// an idempotency key they would be replayed long after the cause went.
-	if !tee.wroteHead || tee.pubErr != nil || c.outcome == "cancelled" || tee.status == http.StatusTooManyRequests || tee.status >= 500 {
+	// Transient failures (429, 5xx, a lost session lease) are not the
+	// answer either: stored under an idempotency key they would be
+	// replayed long after the cause went.
+	lostBeforeHead := c.outcome == "session_lost" && tee.status == http.StatusConflict
+	if !tee.wroteHead || tee.pubErr != nil || c.outcome == "cancelled" || lostBeforeHead || tee.status == http.StatusTooManyRequests || tee.status >= 500 {
 		if err := l.Abort(fctx); err != nil {
 			g.log.Warn("could not abort a shared request", "request_id", c.id, "err", err)
 		}
@@ -190,15 +192,16 @@ func (g *Gateway) lead(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	}
 }
 
-// brokenRetain is how long a stream the provider cut short stays readable
-// after its flight ends: long enough for followers still relaying it to
-// read to its end, too short for a client's retry (the same Idempotency-Key
-// a second later) to get the broken answer again instead of a new call.
+// brokenRetain is how long a stream cut short (by the provider, or by a
+// lost session lease) stays readable after its flight ends: long enough
+// for followers still relaying it to read to its end, too short for a
+// client's retry (the same Idempotency-Key a second later) to get the
+// broken answer again instead of a new call.
 var brokenRetain = time.Second
 
 // retainOf is how long the result of the flight c led stays readable.
 func retainOf(c *call, l *dedup.Leader) time.Duration {
-	if c.outcome == "upstream_stream_broken" {
+	if c.outcome == "upstream_stream_broken" || c.outcome == "session_lost" {
 		return min(brokenRetain, l.Retain())
 	}
 	return l.Retain()
@@ -279,6 +282,11 @@ func (g *Gateway) runLocked(ctx context.Context, w http.ResponseWriter, r *http.
 			return
 		}
 		defer g.unlockSession(c, lease)
+		// Losing the lease cancels the request at once, upstream call
+		// included: the session may be serving a later request now.
+		var stop context.CancelFunc
+		ctx, stop = lease.Context(ctx)
+		defer stop()
 	}
 	if cache == nil {
 		g.run(ctx, w, r, c)

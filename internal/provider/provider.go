@@ -113,6 +113,12 @@ type Request struct {
 	// through the limiter, so that the retry takes its turn with everyone
 	// else's requests.
 	NoRetry429 bool
+	// BeforeAttempt, when set, is called right before each attempt is
+	// sent, retries included; an error from it ends Do with that error
+	// (as it is) and nothing more is sent. A caller whose right to send
+	// can lapse while it waits (a session lease) checks it here, as late
+	// as it can be checked.
+	BeforeAttempt func() error
 }
 
 // Result tells how a Do call went.
@@ -339,6 +345,12 @@ func (c *Client) Do(ctx context.Context, t *Target, req Request) (*http.Response
 	lat := &st.lat[b2i(req.Stream)]
 	res.Latencies = make([]time.Duration, 0, min(maxAttempts, 4))
 	for {
+		if req.BeforeAttempt != nil {
+			if err := req.BeforeAttempt(); err != nil {
+				c.finish(t, st, tk, neutral)
+				return nil, res, err
+			}
+		}
 		a, took := c.attempt(ctx, t, base, &req, lat)
 		res.Attempts++
 		res.Latencies = append(res.Latencies, took)

@@ -500,3 +500,31 @@ func TestHeaderOwned(t *testing.T) {
 		}
 	}
 }
+
+// TestBeforeAttempt: the check runs right before every attempt, retries
+// included; once it fails, Do returns its error as it is and sends
+// nothing more.
+func TestBeforeAttempt(t *testing.T) {
+	errStop := errors.New("no longer allowed to send")
+	u := newUpstream(t, nil, reply(http.StatusServiceUnavailable, errBody("server_error", "")))
+	c := newClient(t, Config{MaxAttempts: 5})
+	checks := 0
+	req := chatReq
+	req.BeforeAttempt = func() error {
+		checks++
+		if checks == 3 {
+			return errStop
+		}
+		return nil
+	}
+	resp, res, err := c.Do(t.Context(), targetOf(u), req)
+	if resp != nil || err != errStop {
+		t.Fatalf("Do: %v %v; want exactly the check's error", resp, err)
+	}
+	if res.Attempts != 2 || u.count() != 2 || checks != 3 {
+		t.Fatalf("%d attempts, %d at the upstream, %d checks; want 2, 2 and 3 (one before each attempt)", res.Attempts, u.count(), checks)
+	}
+	if s := c.State("openai#1/gpt-4.1"); s != "closed" {
+		t.Errorf("breaker %s; a stopped call says nothing of the upstream's health", s)
+	}
+}
