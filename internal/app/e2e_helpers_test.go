@@ -356,6 +356,9 @@ func (r *replica) waitReady(t *testing.T) {
 }
 
 // stop sends SIGTERM and waits for the exit, or kills after replicaStop.
+// SIGINT follows at once: a second signal skips the drain delay (5s by
+// default) and the grace, which a test's end has no use for (requests
+// still running are cut and settled).
 func (r *replica) stop(t *testing.T) {
 	select {
 	case <-r.done:
@@ -363,6 +366,7 @@ func (r *replica) stop(t *testing.T) {
 	default:
 	}
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	_ = r.cmd.Process.Signal(syscall.SIGINT) // another signal: SIGTERM twice could merge into one
 	select {
 	case <-r.done:
 	case <-time.After(replicaStop):

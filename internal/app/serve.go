@@ -44,8 +44,10 @@ import (
 	rlredis "github.com/llmgate/llmgate/ratelimit/redis"
 )
 
-// serveGrace is how long requests in flight may finish after SIGINT/SIGTERM.
-const serveGrace = 30 * time.Second
+// settleWait bounds the last step of a shutdown: waiting for the requests
+// cut at the end of the grace to end, and for every request's settle and
+// usage record (each settle's store calls are bounded by as much).
+const settleWait = 10 * time.Second
 
 const serveUsageText = `Usage:
   llmgate serve [--config FILE] [--listen ADDR]
@@ -53,8 +55,11 @@ const serveUsageText = `Usage:
 Runs the OpenAI-compatible gateway. Point any OpenAI SDK's base URL at
 http://ADDR/v1. Without --config, and with no OPENAI_API_KEY in the
 environment, it starts on the embedded default: the memory store and the
-built-in simulated provider. It stops on SIGINT or SIGTERM, letting requests
-in flight finish for up to 30s. See docs/gateway.md and docs/config.md.
+built-in simulated provider. On SIGINT or SIGTERM, /readyz fails for
+server.drain_delay (5s) while requests are still served, then the listener
+closes and requests in flight have server.shutdown_grace (30s) to finish;
+those still running are cut and charged what they used. A second signal
+skips what is left of both waits. See docs/gateway.md and docs/config.md.
 
 Flags:
   --config FILE   YAML configuration (default: none, the embedded default)
@@ -112,14 +117,16 @@ func checkStore(cfg *config.Config) []string {
 func isHelp(s string) bool { return s == "-h" || s == "-help" || s == "--help" || s == "help" }
 
 func (a *App) serve(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return a.runServe(ctx, args, nil)
+	sigs := make(chan os.Signal, 2) // the signal that stops, and one that hurries the stop
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	return a.runServe(sigs, args, nil)
 }
 
-// runServe serves the gateway until ctx ends. ready, if not nil, receives
-// the listening address once requests are accepted (tests use it).
-func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) int {
+// runServe serves the gateway until a signal arrives on sigs, then shuts
+// it down (see shutdown). ready, if not nil, receives the listening address
+// once requests are accepted (tests use it).
+func (a *App) runServe(sigs <-chan os.Signal, args []string, ready chan<- string) int {
 	fs := flag.NewFlagSet("llmgate serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	configPath := fs.String("config", "", "")
@@ -187,7 +194,7 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 		return exitFailure
 	}
 	srv, limited := s.httpServer(cfg, ln, log)
-	errc := make(chan error, 1)
+	errc := make(chan error, 1) // Serve's end: ErrServerClosed once shutdown closes the listener
 	scheme := "http"
 	go func() {
 		if cfg.Server.TLS() {
@@ -203,22 +210,75 @@ func (a *App) runServe(ctx context.Context, args []string, ready chan<- string) 
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
+	var sig os.Signal
 	select {
 	case err := <-errc:
 		fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
 		return exitFailure
-	case <-ctx.Done():
+	case sig = <-sigs:
 	}
-	log.Info("shutting down; letting requests in flight finish", "grace", serveGrace)
-	sctx, cancel := context.WithTimeout(context.Background(), serveGrace)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("requests still running at the end of the grace period were cut", "err", err)
-	}
-	if err := s.gw.Close(sctx); err != nil {
-		log.Warn("some usage records were not written before exit", "err", err)
-	}
+	s.shutdown(srv, cfg.Server, log, sig, sigs)
 	return exitOK
+}
+
+// shutdown stops the gateway after the signal sig (docs/gateway.md,
+// "Shutdown"): /readyz fails at once while requests are still served for
+// the drain delay, so that load balancers stop sending here; then the
+// listener closes and requests in flight have the grace to finish; those
+// still running are then cut (their contexts cancelled): each ends and is
+// settled as one whose client left, a stream charged its prompt estimate
+// and the chunks it streamed. Last, within settleWait, the cut requests
+// end and every settle and usage record is written. Nothing stays held:
+// budget holds settled or released, rate-limit reservations settled or
+// refunded, local quota blocks given back. Another signal on sigs skips
+// what is left of the drain delay and the grace.
+func (s *server) shutdown(srv *http.Server, sv config.Server, log *slog.Logger, sig os.Signal, sigs <-chan os.Signal) {
+	hurry, skip := context.WithCancel(context.Background())
+	defer skip()
+	go func() {
+		select {
+		case sig := <-sigs:
+			log.Warn("second signal: skipping the rest of the drain delay and the grace; requests still running are cut now", "signal", sig.String())
+			skip()
+		case <-hurry.Done():
+		}
+	}()
+
+	s.gw.Drain()
+	// Each answer from now on closes its connection (idle ones close now):
+	// clients reconnect, through the load balancer, to another replica.
+	srv.SetKeepAlivesEnabled(false)
+	log.Info("shutting down: /readyz answers 503; requests are still accepted until the drain delay ends",
+		"signal", sig.String(), "drain_delay", sv.DrainDelay, "running", s.gw.Running())
+	drain := time.NewTimer(sv.DrainDelay)
+	select {
+	case <-drain.C:
+	case <-hurry.Done():
+		drain.Stop()
+	}
+
+	log.Info("closing the listener; requests in flight may finish", "shutdown_grace", sv.ShutdownGrace, "running", s.gw.Running())
+	gctx, cancel := context.WithTimeout(hurry, sv.ShutdownGrace)
+	err := srv.Shutdown(gctx)
+	cancel()
+	if err == nil {
+		log.Info("every request in flight finished")
+	} else {
+		log.Warn("shutdown grace over: cutting the requests still running; each is charged what it used",
+			"running", s.gw.Running())
+		s.gw.Cut()
+	}
+
+	sctx, cancel := context.WithTimeout(context.Background(), settleWait)
+	defer cancel()
+	if err := s.gw.Close(sctx); err != nil {
+		// Their budget holds are charged when they expire.
+		log.Warn("some requests or usage records were not settled before exit", "err", err,
+			"running", s.gw.Running(), "settle_wait", settleWait)
+	} else {
+		log.Info("stopped: every request settled and its usage recorded")
+	}
+	_ = srv.Close() // connections still open (a cut request's, once answered)
 }
 
 // httpServer returns net/http's server for the gateway, with the bounds of
@@ -240,7 +300,10 @@ func (s *server) httpServer(cfg *config.Config, ln net.Listener, log *slog.Logge
 	}, func() float64 { return float64(limited.Open()) })
 	s.registry.MustRegister(rejected, open)
 	return &http.Server{
-		Handler:           s.gw.Handler(),
+		Handler: s.gw.Handler(),
+		// Requests derive from the gateway's context, which the shutdown
+		// cancels at the end of its grace (gateway.Gateway.Cut).
+		BaseContext:       s.gw.BaseContext,
 		ReadHeaderTimeout: sv.ReadHeaderTimeout,
 		IdleTimeout:       sv.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

@@ -63,6 +63,10 @@ const (
 	DefaultStreamWriteTimeout = 60 * time.Second
 	DefaultServerIdleTimeout  = 2 * time.Minute
 	DefaultMaxConnections     = 4096
+	// Shutdown (server:): how long /readyz fails before the listener
+	// closes, then how long requests in flight may finish.
+	DefaultDrainDelay    = 5 * time.Second
+	DefaultShutdownGrace = 30 * time.Second
 	// The upstream transport's bounds (upstream:).
 	DefaultMaxConnsPerHost        = 1024
 	DefaultMaxResponseHeaderBytes = 10 * MiB
@@ -91,6 +95,12 @@ const (
 	// MaxLimit bounds every limit: the stores compute in double precision,
 	// exact up to this value (ratelimit.MaxAmount).
 	MaxLimit = ratelimit.MaxAmount
+	// MaxDrainDelay and MaxShutdownGrace bound the shutdown's waits: a
+	// load balancer notices a failing /readyz within seconds, and an
+	// orchestrator kills a process that takes longer than its own grace
+	// (Kubernetes: terminationGracePeriodSeconds).
+	MaxDrainDelay    = 5 * time.Minute
+	MaxShutdownGrace = time.Hour
 )
 
 // Environment variables that override the file (see docs/config.md).
@@ -285,6 +295,14 @@ type Server struct {
 	// MaxConnections bounds the open client connections; one more is
 	// answered 503 and closed (closed at once over TLS). Default 4096.
 	MaxConnections int `yaml:"max_connections"`
+	// DrainDelay is how long, after SIGTERM, /readyz answers 503 while the
+	// listener still accepts requests, so that load balancers stop
+	// sending before it closes. 0: close at once. Default 5s.
+	DrainDelay time.Duration `yaml:"drain_delay"`
+	// ShutdownGrace is how long requests in flight may finish once the
+	// listener is closed; those still running are then cut and charged
+	// what they used. 0: cut at once. Default 30s.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 }
 
 // TLS reports whether the server is configured for HTTPS.
@@ -560,7 +578,7 @@ const (
 // override such as a non-loopback LLMGATE_LISTEN can make it invalid.
 func Default(getenv func(string) string) *Config {
 	getenv = orNoEnv(getenv)
-	c := &Config{MaxWait: DefaultMaxWait}
+	c := newConfig("")
 	if getenv(EnvOpenAIKey) != "" {
 		c.Source = SourceDefaultOpenAI
 		c.Providers = []Provider{{
@@ -580,10 +598,22 @@ func Default(getenv func(string) string) *Config {
 	return c
 }
 
+// newConfig is an empty configuration with the defaults of the durations
+// whose zero means something in place: MaxWait (never wait),
+// Server.DrainDelay and Server.ShutdownGrace (do not wait). Decoding a
+// file over it keeps them unless the file writes them.
+func newConfig(source string) *Config {
+	return &Config{
+		MaxWait: DefaultMaxWait, Source: source,
+		Server: Server{DrainDelay: DefaultDrainDelay, ShutdownGrace: DefaultShutdownGrace},
+	}
+}
+
 // SetDefaults fills every unset field with its default; fields set to a
 // value that Validate rejects are left alone. Zero means unset, except for
-// MaxWait (zero means never wait; Parse and Default start it at
-// DefaultMaxWait) and the booleans (false is their default). Prices becomes
+// MaxWait, Server.DrainDelay and Server.ShutdownGrace (zero means do not
+// wait; Parse and Default start them at their defaults) and the booleans
+// (false is their default). Prices becomes
 // the configured prices merged over budget.DefaultPrices(). getenv (nil:
 // none) supplies XDG_STATE_HOME and HOME for StateDir.
 func (c *Config) SetDefaults(getenv func(string) string) {

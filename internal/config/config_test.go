@@ -32,6 +32,8 @@ func TestDefaults(t *testing.T) {
 		"Upstream.Breaker":           Breaker{Failures: 5, OpenFor: 30 * time.Second},
 		"Upstream.Timeout":           Timeout{Floor: 10 * time.Second, Ceiling: 300 * time.Second, Multiplier: 4},
 		"Upstream.IdleTimeout":       120 * time.Second,
+		"Server.DrainDelay":          5 * time.Second,
+		"Server.ShutdownGrace":       30 * time.Second,
 		"Budget":                     BudgetStore{FailOpen: false, ReservationTTL: 30 * time.Second},
 		"RateLimit":                  RateLimitStore{FailClosed: false, ReservationHold: DefaultReservationHold, LocalWindow: DefaultLocalWindow},
 		"Source":                     "test.yaml",
@@ -98,7 +100,8 @@ request_timeout: 2m
 log: {level: debug, format: json}
 upstream: {max_attempts: 1, backoff_base: 1s, backoff_max: 2s, breaker: {failures: 2, open_for: 1m}, timeout: {floor: 1s, ceiling: 2s, multiplier: 1.5}, idle_timeout: 5s,
   max_conns_per_host: 7, max_response_header_bytes: 64KiB, dial_timeout: 3s, tls_handshake_timeout: 4s}
-server: {read_header_timeout: 1s, body_timeout: 2s, write_timeout: 3s, stream_write_timeout: 4s, idle_timeout: 5s, max_connections: 6}
+server: {read_header_timeout: 1s, body_timeout: 2s, write_timeout: 3s, stream_write_timeout: 4s, idle_timeout: 5s, max_connections: 6,
+  drain_delay: 0s, shutdown_grace: 7s}
 budget: {fail_open: true, reservation_ttl: 1h}
 ratelimit: {fail_closed: true}
 prices: {house: {input_per_mtok: 1, output_per_mtok: 2}, gpt-4o: {input_per_mtok: 9, output_per_mtok: 9}}
@@ -107,7 +110,7 @@ prices: {house: {input_per_mtok: 1, output_per_mtok: 2}, gpt-4o: {input_per_mtok
 		c.RequestTimeout != 2*time.Minute || c.Log != (Log{"debug", "json"}) ||
 		c.Upstream != (Upstream{1, time.Second, 2 * time.Second, Breaker{2, time.Minute}, Timeout{time.Second, 2 * time.Second, 1.5}, 5 * time.Second,
 			7, 64 * KiB, 3 * time.Second, 4 * time.Second}) ||
-		c.Server != (Server{"", "", time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second, 6}) ||
+		c.Server != (Server{"", "", time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second, 6, 0, 7 * time.Second}) ||
 		c.Budget != (BudgetStore{true, time.Hour}) || !c.RateLimit.FailClosed {
 		t.Errorf("explicit values lost: %+v", c)
 	}
@@ -174,6 +177,9 @@ func TestDefault(t *testing.T) {
 		if c.Source != SourceDefaultSimulated || len(c.Providers) != 1 || c.Providers[0].Name != "sim" ||
 			c.Providers[0].Type != TypeSimulated || !slices.Equal(c.Providers[0].Models, want) {
 			t.Errorf("Source %q, providers %+v", c.Source, c.Providers)
+		}
+		if c.Server.DrainDelay != DefaultDrainDelay || c.Server.ShutdownGrace != DefaultShutdownGrace {
+			t.Errorf("drain delay %v, shutdown grace %v; want the defaults", c.Server.DrainDelay, c.Server.ShutdownGrace)
 		}
 		// The simulator's slices are not shared.
 		c.Providers[0].Models[0] = "changed"

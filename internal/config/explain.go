@@ -39,6 +39,8 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string, extra ...strin
 	row("client bounds", "headers %s, body %s, answer write %s, stream event write %s, idle %s",
 		durationString(sv.ReadHeaderTimeout), durationString(sv.BodyTimeout), durationString(sv.WriteTimeout),
 		durationString(sv.StreamWriteTimeout), durationString(sv.IdleTimeout))
+	row("shutdown", "on SIGTERM /readyz fails for %s before the listener closes, then requests in flight have %s to finish; the rest are cut and charged what they used",
+		durationString(sv.DrainDelay), durationString(sv.ShutdownGrace))
 	if storeurl.IsMemory(c.Store) {
 		row("store", "%s%s: one process; budgets and usage persist in %s%s", c.Store, c.envNote("store"), c.StateDir, c.envNote("state_dir"))
 	} else {

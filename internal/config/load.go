@@ -51,10 +51,10 @@ func parse(name string, data []byte, dir string, getenv func(string) string) (*C
 	if len(data) > MaxFileBytes {
 		return nil, &syntaxError{name: name, lines: []string{fmt.Sprintf("larger than %v; a configuration is a few KiB", Size(MaxFileBytes))}}
 	}
-	// MaxWait is the one duration whose zero means something (never
-	// wait), so its default is in place before decoding: leaving the key
-	// out keeps it, writing 0 replaces it.
-	c := &Config{MaxWait: DefaultMaxWait, Source: name}
+	// The durations whose zero means something (max_wait, the shutdown
+	// delays) have their defaults in place before decoding: leaving the
+	// key out keeps them, writing 0 replaces them.
+	c := newConfig(name)
 	if lines := decode(data, c); len(lines) > 0 {
 		return nil, &syntaxError{name: name, lines: lines}
 	}

@@ -271,6 +271,18 @@ func (v *validator) server() {
 	if s.MaxConnections < 0 {
 		v.add("server.max_connections", "is %d; must be > 0, e.g. %d", s.MaxConnections, DefaultMaxConnections)
 	}
+	for _, d := range []struct {
+		key      string
+		v, most  time.Duration
+		zero, eg string
+	}{
+		{"server.drain_delay", s.DrainDelay, MaxDrainDelay, "close the listener at once", "5s"},
+		{"server.shutdown_grace", s.ShutdownGrace, MaxShutdownGrace, "cut requests in flight at once", "30s"},
+	} {
+		if d.v < 0 || d.v > d.most {
+			v.add(d.key, "is %v; use 0 (%s) to %v, e.g. %s", d.v, d.zero, d.most, d.eg)
+		}
+	}
 	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") {
 		v.add("server.tls_cert_file", "and server.tls_key_file go together: set both for HTTPS, or neither")
 	} else if s.TLS() {

@@ -80,13 +80,15 @@ func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservatio
 			h.Set("X-Should-Retry", "false")
 			h.Set("Retry-After", strconv.FormatInt(int64(max(time.Until(ex.ResetAt()), time.Second)/time.Second), 10))
 		})
+	case ctx.Err() != nil:
+		// Before the store check: a reserve cut short by the client or
+		// the shutdown is reported as the store's failure too.
+		return budget.Reservation{}, g.cancelled(c, ctx)
 	case errors.Is(err, budget.ErrStoreUnavailable):
 		c.outcome = "store_unavailable"
 		g.log.Error("budget store unavailable; request denied (budgets fail closed)", "request_id", c.id, "tenant", c.tenant.Name, "err", err)
 		return budget.Reservation{}, errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "store_unavailable", "",
 			"The gateway cannot check this API key's budget right now. Retry shortly.")
-	case ctx.Err() != nil:
-		return budget.Reservation{}, g.cancelled(c, ctx)
 	default:
 		return budget.Reservation{}, internalError(g, c, "budget reserve", err)
 	}
@@ -233,6 +235,10 @@ func (g *Gateway) limiterError(ctx context.Context, c *call, err error) *apiErro
 func (g *Gateway) cancelled(c *call, ctx context.Context) *apiError {
 	if errors.Is(context.Cause(ctx), lock.ErrLost) {
 		return g.sessionLost(c)
+	}
+	if shuttingDown(ctx) {
+		c.outcome = "shutdown"
+		return withHeaders(errShuttingDown(), func(h http.Header) { h.Set("Retry-After", "1") })
 	}
 	if errors.Is(context.Cause(ctx), context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		c.outcome = "timeout"

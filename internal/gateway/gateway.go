@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -265,7 +266,20 @@ type Gateway struct {
 	usage usageBatch
 	// lastWindow caches a budget window (see window).
 	lastWindow atomic.Pointer[lastWindow]
+	// draining is set by Drain: /readyz then fails.
+	draining atomic.Bool
+	// running counts the proxied requests being served (Running).
+	running atomic.Int64
+	// base is the context of every request served through an
+	// http.Server whose BaseContext is g.BaseContext; cut (Cut) cancels
+	// it with ErrShuttingDown.
+	base context.Context
+	cut  context.CancelCauseFunc
 }
+
+// ErrShuttingDown is the cause of the cancellation of the requests that Cut
+// stops.
+var ErrShuttingDown = errors.New("gateway: shutting down")
 
 // New returns a Gateway, or an error naming what is missing.
 func New(opt Options) (*Gateway, error) {
@@ -319,6 +333,7 @@ func New(opt Options) (*Gateway, error) {
 		byTarget: make(map[string][]*deployment),
 		byName:   make(map[string]*deployment),
 	}
+	g.base, g.cut = context.WithCancelCause(context.Background())
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
@@ -360,6 +375,34 @@ func positive[T int64 | time.Duration](p *T, def T) {
 
 // Handler returns the gateway's HTTP handler.
 func (g *Gateway) Handler() http.Handler { return g.mux }
+
+// BaseContext is the context the requests' contexts must derive from for
+// Cut to reach them: set it as the http.Server's BaseContext.
+func (g *Gateway) BaseContext(net.Listener) context.Context { return g.base }
+
+// Drain marks the gateway as shutting down: from now on /readyz answers
+// 503 shutting_down, so that load balancers stop sending to it, while
+// every request is still served.
+func (g *Gateway) Drain() { g.draining.Store(true) }
+
+// Draining reports whether Drain was called.
+func (g *Gateway) Draining() bool { return g.draining.Load() }
+
+// Running is the number of proxied requests being served now.
+func (g *Gateway) Running() int { return int(g.running.Load()) }
+
+// Cut cancels every request still running, with ErrShuttingDown as the
+// cause (their contexts must derive from BaseContext). They end the way
+// requests whose client left do, and are settled the same way: a stream is
+// charged the prompt estimate plus one token per chunk streamed, and told
+// in-band that it was cut; a request not yet answered gets 503
+// shutting_down and gives back its reservations. Close waits for them.
+func (g *Gateway) Cut() { g.cut(ErrShuttingDown) }
+
+// shuttingDown reports whether ctx was cancelled by Cut.
+func shuttingDown(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrShuttingDown)
+}
 
 func (g *Gateway) routes() {
 	mux := http.NewServeMux()
@@ -447,6 +490,11 @@ func (g *Gateway) serveHealth(w http.ResponseWriter, r *http.Request) {
 
 func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 	setRequestID(w, r)
+	if g.Draining() {
+		errf(http.StatusServiceUnavailable, "service_unavailable", "shutting_down", "",
+			"This gateway is shutting down: it still finishes the requests it has, but send new ones to another replica.").Write(w)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := g.opt.Ready(ctx); err != nil {

@@ -94,6 +94,8 @@ func (g *Gateway) serve(rw http.ResponseWriter, r *http.Request, ep openai.Endpo
 	// that Close, called once the client has its answer, waits for it.
 	g.pending.Add(1)
 	defer g.pending.Done()
+	g.running.Add(1)
+	defer g.running.Add(-1)
 	defer g.record(r, c, ep)
 	ctx := r.Context()
 	ctx, cancel := context.WithTimeout(ctx, g.opt.RequestTimeout)

@@ -618,6 +618,14 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 				_, _ = w.Write(append(append([]byte("data: "), e.Body()...), '\n'))
 				_ = rc.Flush()
 			}
+		case clientOK && shuttingDown(ctx):
+			// Cut at the end of the shutdown grace: tell the client, so
+			// that it knows the answer is incomplete and may retry; not
+			// the flight's followers or the cache (a follower takes over
+			// the flight, see lead).
+			c.outcome = "shutdown"
+			_, _ = clientOnly(w).Write(append(append([]byte("data: "), errShuttingDown().Body()...), '\n'))
+			_ = rc.Flush()
 		case !clientOK || (ctx.Err() != nil && !errors.Is(context.Cause(sctx), errIdle)):
 			c.outcome = "cancelled"
 		default:
@@ -661,6 +669,13 @@ func dropNullUsage(raw []byte, scratch *[]byte) []byte {
 }
 
 var errIdle = errors.New("gateway: upstream stream idle for too long")
+
+// errShuttingDown is what a request cut by Cut is told: as its answer, or
+// as an in-band event of its stream.
+func errShuttingDown() *apiError {
+	return errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "shutting_down", "",
+		"The gateway is shutting down and cut this request before it was complete. Retry it.")
+}
 
 func drain(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))

@@ -173,14 +173,15 @@ func (g *Gateway) lead(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	// A leader whose client left before the answer was complete gives up,
-	// so that a follower takes over (skipping what it already relayed);
+	// A leader whose client left before the answer was complete, or that
+	// the shutdown cut, gives up, so that a follower takes over (skipping
+	// what it already relayed);
 	// anything else, client errors included, is the shared answer.
 	// Transient failures (429, 5xx, a lost session lease) are not the
 	// answer either: stored under an idempotency key they would be
 	// replayed long after the cause went.
 	lostBeforeHead := c.outcome == "session_lost" && tee.status == http.StatusConflict
-	if !tee.wroteHead || tee.pubErr != nil || c.outcome == "cancelled" || lostBeforeHead || tee.status == http.StatusTooManyRequests || tee.status >= 500 {
+	if !tee.wroteHead || tee.pubErr != nil || c.outcome == "cancelled" || c.outcome == "shutdown" || lostBeforeHead || tee.status == http.StatusTooManyRequests || tee.status >= 500 {
 		if err := l.Abort(fctx); err != nil {
 			g.log.Warn("could not abort a shared request", "request_id", c.id, "err", err)
 		}

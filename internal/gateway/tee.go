@@ -122,3 +122,15 @@ func (t *teeWriter) Flush() {
 
 // Unwrap lets http.ResponseController reach the connection.
 func (t *teeWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// clientOnly returns the writer of w's client alone, without the copies a
+// teeWriter makes: for what is meant for this client only.
+func clientOnly(w http.ResponseWriter) http.ResponseWriter {
+	for {
+		t, ok := w.(*teeWriter)
+		if !ok {
+			return w
+		}
+		w = t.ResponseWriter
+	}
+}
