@@ -4,6 +4,7 @@ package testutil
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -25,8 +26,9 @@ type Redis struct {
 	dir  string
 	args []string // extra redis-server arguments, after the defaults
 
-	mu  sync.Mutex // protects cmd
-	cmd *exec.Cmd
+	mu     sync.Mutex // protects cmd and exited
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited
 }
 
 // RedisServerPath returns the redis-server binary to use: $REDIS_SERVER, or
@@ -79,15 +81,22 @@ func NewRedis(dir string) (*Redis, error) { return NewRedisArgs(dir) }
 // NewRedisArgs is NewRedis with extra redis-server arguments (see
 // StartRedisArgs); every Start and Restart uses them.
 func NewRedisArgs(dir string, args ...string) (*Redis, error) {
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
+	// A free port can be taken by another process before the server binds
+	// it (test packages run in parallel): then try another.
+	for attempt := 1; ; attempt++ {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		r := &Redis{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, args: args}
+		err = r.Start()
+		if err == nil {
+			return r, nil
+		}
+		if !errors.Is(err, errExited) || attempt == 5 {
+			return nil, err
+		}
 	}
-	r := &Redis{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, args: args}
-	if err := r.Start(); err != nil {
-		return nil, err
-	}
-	return r, nil
 }
 
 // URL returns redis://Addr.
@@ -109,32 +118,64 @@ func (r *Redis) Start() error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", bin, err)
 	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
 	r.mu.Lock()
-	r.cmd = cmd
+	r.cmd, r.exited = cmd, exited
 	r.mu.Unlock()
-	deadline := time.Now().Add(10 * time.Second)
+	// A generous bound: on a loaded machine a fork and exec can take
+	// seconds. A server that exits (its port was taken meanwhile) is
+	// reported at once.
+	deadline := time.Now().Add(startTimeout)
 	for {
-		if err := ping(r.Addr); err == nil {
+		err := ping(r.Addr)
+		if err == nil {
 			return nil
-		} else if time.Now().After(deadline) {
+		}
+		select {
+		case <-exited:
 			r.Stop()
-			return fmt.Errorf("redis-server on %s did not answer PING within 10s: %w", r.Addr, err)
+			return fmt.Errorf("%w on %s: %s", errExited, r.Addr, r.logTail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			r.Stop()
+			return fmt.Errorf("redis-server on %s did not answer PING within %v: %w", r.Addr, startTimeout, err)
 		}
 		time.Sleep(5 * time.Millisecond) // waiting for an external process: nothing to select on
 	}
 }
 
+// startTimeout bounds how long a redis-server may take to answer its first
+// PING.
+const startTimeout = time.Minute
+
+// errExited is a redis-server that exited before it answered.
+var errExited = errors.New("redis-server exited at start")
+
+// logTail returns the end of the server's log file.
+func (r *Redis) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
+	if len(b) > 1000 {
+		b = b[len(b)-1000:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
 // Stop kills the server (SIGKILL: no chance to save anything) and waits for it.
 func (r *Redis) Stop() {
 	r.mu.Lock()
-	cmd := r.cmd
+	cmd, exited := r.cmd, r.exited
 	r.cmd = nil
 	r.mu.Unlock()
 	if cmd == nil {
 		return
 	}
 	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
+	<-exited
 }
 
 // Restart kills the server and starts it again on the same port. The data
@@ -223,13 +264,13 @@ func StartCluster(tb testing.TB) *Redis {
 	if line, err := r.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil || line != "+OK" {
 		tb.Fatalf("CLUSTER ADDSLOTSRANGE: %q, %v", line, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(startTimeout)
 	for {
 		if info, err := r.clusterInfo(ctx); err == nil && strings.Contains(info, "cluster_state:ok") {
 			return r
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("cluster on %s not ok after 10s", r.Addr)
+			tb.Fatalf("cluster on %s not ok after %v", r.Addr, startTimeout)
 		}
 		time.Sleep(10 * time.Millisecond) // an external process: nothing to wait on
 	}
