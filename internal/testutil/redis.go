@@ -254,12 +254,21 @@ func FreePort() (int, error) {
 // keys hash to different slots, which is what Cluster-safety tests need.
 func StartCluster(tb testing.TB) *Redis {
 	tb.Helper()
-	busPort, err := FreePort()
-	if err != nil {
-		tb.Fatal(err)
+	var r *Redis
+	for attempt := 1; r == nil; attempt++ {
+		busPort, err := FreePort()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		// A taken bus port, like a taken client port, makes it exit: try
+		// other ports.
+		r, err = NewRedisArgs(tb.TempDir(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(busPort))
+		if err != nil && (!errors.Is(err, errExited) || attempt == 5) {
+			tb.Fatalf("start redis-server: %v", err)
+		}
 	}
-	r := StartRedisArgs(tb, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-port", strconv.Itoa(busPort))
+	tb.Cleanup(r.Stop)
 	ctx := context.Background()
 	if line, err := r.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil || line != "+OK" {
 		tb.Fatalf("CLUSTER ADDSLOTSRANGE: %q, %v", line, err)
