@@ -91,7 +91,7 @@ func ExampleLimiter_Learn() {
 	rpm := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 1_000, Window: time.Minute}
 	req := ratelimit.Request{Charges: []ratelimit.Charge{{Scope: "deployment:key1/gpt-4.1", Limit: rpm}}}
 
-	_ = l.Learn(ctx, "deployment:key1/gpt-4.1", rpm, ratelimit.Learned{Limit: 5, Remaining: 5 - 5})
+	_ = l.Learn(ctx, "deployment:key1/gpt-4.1", rpm, ratelimit.Learned{Limit: 5, Remaining: 0}) // all 5 used
 	d, _ := l.Allow(ctx, req)
 	fmt.Println("allowed:", d.Allowed, "retry in about 12s:", d.RetryAfter > 11*time.Second && d.RetryAfter <= 12*time.Second)
 	// Output: allowed: false retry in about 12s: true

@@ -23,7 +23,17 @@ go vet ./...
 # module of its own, so that their dependencies stay out of llmgate's.
 echo "== go vet (bench/peers)"
 (cd bench/peers && go vet ./...)
+echo "== staticcheck"
+# Pinned: a new release can add checks that fail a passing tree.
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+(cd bench/peers && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...)
 echo "== go test -race"
 go test -race -count=1 -timeout 15m "$@" ./...
 echo "== go test -race (bench/peers)"
 (cd bench/peers && go test -race -count=1 -timeout 5m "$@" ./...)
+# Every fuzz target, briefly, past its seed corpus (FUZZ=0 skips this;
+# FUZZTIME=30s ./scripts/fuzz.sh explores longer).
+if [ "${FUZZ:-1}" != 0 ]; then
+	echo "== fuzz"
+	FUZZTIME="${FUZZTIME:-1s}" ./scripts/fuzz.sh
+fi

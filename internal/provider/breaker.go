@@ -87,6 +87,7 @@ func (b *breaker) allow(now time.Time) (ticket, bool) {
 func (b *breaker) record(tk ticket, o outcome, now time.Time, failures int, openFor time.Duration) transition {
 	switch o {
 	case success:
+		//lint:ignore SA4016 stateClosed is 0; it is written out for the reader
 		if !tk.trial && b.word.Load() == tk.gen<<2|stateClosed && b.fails.Load() == 0 {
 			return noChange // the healthy fast path
 		}
