@@ -42,23 +42,7 @@ func TestE2EBudgetUsedUnderOverDemand(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 
-	stopObs, obsDone := make(chan struct{}), make(chan struct{})
-	var maxSeen int64
-	go func() {
-		defer close(obsDone)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			if spent, _, err := usageOf(ctx, reps[i%len(reps)], "team-a"); err == nil {
-				maxSeen = max(maxSeen, spent)
-			}
-			select {
-			case <-stopObs:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
+	stopObs := observeSpend(ctx, reps, "team-a")
 
 	var answered, refused, served atomic.Int64
 	errs := make(chan error, len(reps)*perReplica)
@@ -86,8 +70,7 @@ func TestE2EBudgetUsedUnderOverDemand(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	close(stopObs)
-	<-obsDone
+	maxSeen, _ := stopObs()
 	close(errs)
 	for err := range errs {
 		t.Error(err)

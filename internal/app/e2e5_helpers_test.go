@@ -56,17 +56,7 @@ func newGatedSim(t testing.TB, cfg sim.Config) *gatedSim {
 		t.Fatal(err)
 	}
 	s := &gatedSim{Server: srv, changed: make(chan struct{})}
-	h := srv.Handler()
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
-			h.ServeHTTP(w, r)
-			return
-		}
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
+	s.url = serveSimChat(t, srv, func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) {
 		s.mu.Lock()
 		i := len(s.calls)
 		s.calls = append(s.calls, upstreamCall{
@@ -88,13 +78,33 @@ func newGatedSim(t testing.TB, cfg sim.Config) *gatedSim {
 				return
 			}
 		}
+		next.ServeHTTP(w, r)
+	})
+	t.Cleanup(s.release) // runs first: nothing held keeps Close waiting
+	return s
+}
+
+// serveSimChat serves srv on a loopback listener until the test ends and
+// returns its OpenAI base URL. Chat completions go through chat, with
+// their body read (and put back for next, srv's handler); the rest go to
+// srv directly.
+func serveSimChat(t testing.TB, srv *sim.Server, chat func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler)) string {
+	h := srv.Handler()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		h.ServeHTTP(w, r)
+		chat(w, r, body, h)
 	}))
 	t.Cleanup(hs.Close)
-	t.Cleanup(s.release) // runs first: nothing held keeps Close waiting
-	s.url = hs.URL + "/v1"
-	return s
+	return hs.URL + "/v1"
 }
 
 // hold makes requests that arrive from now on wait until release.

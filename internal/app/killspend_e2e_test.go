@@ -69,25 +69,12 @@ func newMeteredSim(t *testing.T, cfg sim.Config) *meteredSim {
 		t.Fatal(err)
 	}
 	s := &meteredSim{Server: srv, served: map[string]int64{}, changed: make(chan struct{})}
-	h := srv.Handler()
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
-			h.ServeHTTP(w, r)
-			return
-		}
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+	s.url = serveSimChat(t, srv, func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) {
 		s.update(func() { s.active++ })
 		defer s.update(func() { s.active-- })
-		h.ServeHTTP(&meteredWriter{ResponseWriter: w, s: s, ctx: r.Context(), prompt: lastMessage(body)}, r)
-	}))
-	t.Cleanup(hs.Close)
+		next.ServeHTTP(&meteredWriter{ResponseWriter: w, s: s, ctx: r.Context(), prompt: lastMessage(body)}, r)
+	})
 	t.Cleanup(s.resume) // runs first: nothing held keeps Close waiting
-	s.url = hs.URL + "/v1"
 	return s
 }
 
@@ -592,12 +579,7 @@ func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
 	}
 
 	// Within the TTL of the kill, the holds are charged.
-	var after adminUsage
-	poll(t, "the killed replica's holds are charged", killTTL+killMargin, func() (bool, string) {
-		var err error
-		after, err = teamUsage(ctx, b)
-		return err == nil && after.Budget.Holds == 0, fmt.Sprintf("%+v %v", after.Budget, err)
-	})
+	after := waitCharged(t, ctx, b)
 	swept := time.Since(killedAt)
 	billed := after.Budget.SpentTokens - warmSpend
 	rows := sumRows(after.Rows)
@@ -674,12 +656,7 @@ func TestE2EKilledReplicaSpendWithMaxTokens(t *testing.T) {
 		served += p.promptTokens + sv[p.prompt]
 	}
 
-	var after adminUsage
-	poll(t, "the killed replica's holds are charged", killTTL+killMargin, func() (bool, string) {
-		var err error
-		after, err = teamUsage(ctx, b)
-		return err == nil && after.Budget.Holds == 0, fmt.Sprintf("%+v %v", after.Budget, err)
-	})
+	after := waitCharged(t, ctx, b)
 	swept := time.Since(killedAt)
 	billed, bound := after.Budget.SpentTokens, atKill.Spent.Tokens+atKill.Reserved.Tokens
 	rows := sumRows(after.Rows)
@@ -703,4 +680,18 @@ func TestE2EKilledReplicaSpendWithMaxTokens(t *testing.T) {
 	if e := decodeError(t, body); resp.StatusCode != http.StatusTooManyRequests || e.Error.Code != "insufficient_quota" {
 		t.Errorf("a request via B after the expiries: %d %s; want 429 insufficient_quota", resp.StatusCode, body)
 	}
+}
+
+// waitCharged waits, within the TTL of the kill and a margin, until the
+// killed replica's holds are charged (none live), and returns the usage
+// then, read through b.
+func waitCharged(t *testing.T, ctx context.Context, b *replica) adminUsage {
+	t.Helper()
+	var after adminUsage
+	poll(t, "the killed replica's holds are charged", killTTL+killMargin, func() (bool, string) {
+		var err error
+		after, err = teamUsage(ctx, b)
+		return err == nil && after.Budget.Holds == 0, fmt.Sprintf("%+v %v", after.Budget, err)
+	})
+	return after
 }

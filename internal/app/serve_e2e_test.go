@@ -307,6 +307,36 @@ func checkBucketBound(t *testing.T, arrivals []time.Time, burst, perSec float64)
 	}
 }
 
+// observeSpend samples tenant's spend on every replica in turn, every
+// 20ms, until the returned func is called; that returns the highest spend
+// seen and the number of samples.
+func observeSpend(ctx context.Context, reps []*replica, tenant string) (stop func() (highest int64, samples int)) {
+	stopc, done := make(chan struct{}), make(chan struct{})
+	var highest int64
+	var samples int
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			if spent, _, err := usageOf(ctx, reps[i%len(reps)], tenant); err == nil {
+				highest = max(highest, spent)
+				samples++
+			}
+			select {
+			case <-stopc:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() (int64, int) {
+		close(stopc)
+		<-done
+		return highest, samples
+	}
+}
+
 // usageOf reads the tenant's budget state from GET /admin/usage.
 func usageOf(ctx context.Context, r *replica, tenant string) (spent int64, holds int, err error) {
 	var out []struct {
@@ -348,27 +378,9 @@ func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 
-	// An observer samples the spend on every replica in turn while the
-	// clients run: it must never be above the budget, even for a moment.
-	stopObs, obsDone := make(chan struct{}), make(chan struct{})
-	var maxSeen int64
-	var samples int
-	go func() {
-		defer close(obsDone)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			if spent, _, err := usageOf(ctx, reps[i%len(reps)], "team-a"); err == nil {
-				maxSeen = max(maxSeen, spent)
-				samples++
-			}
-			select {
-			case <-stopObs:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
+	// An observer samples the spend while the clients run: it must never
+	// be above the budget, even for a moment.
+	stopObs := observeSpend(ctx, reps, "team-a")
 
 	var answered, stopped atomic.Int64
 	errs := make(chan error, len(reps)*perReplica)
@@ -399,8 +411,7 @@ func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	close(stopObs)
-	<-obsDone
+	maxSeen, samples := stopObs()
 	close(errs)
 	for err := range errs {
 		t.Error(err)
