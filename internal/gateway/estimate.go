@@ -1,6 +1,11 @@
 package gateway
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/llmgate/llmgate/internal/openai"
+	"github.com/llmgate/llmgate/internal/tokens"
+)
 
 // A request without max_tokens may use up to the model's whole output, so
 // its reservation needs a guess. A fixed guess (Options.CompletionEstimate,
@@ -69,4 +74,48 @@ func (e *completionEstimates) observe(tenant, model string, tokens int64) {
 	w.samples[w.next] = tokens
 	w.next = (w.next + 1) % estimateWindow
 	w.n = min(w.n+1, estimateWindow)
+}
+
+// estimate sets the tokens reserved before the call: the prompt as the
+// provider will count it, plus the most the completion may use.
+func (g *Gateway) estimate(c *call) {
+	req := c.req
+	switch req.Endpoint {
+	case openai.ChatCompletions:
+		c.promptEstimate = int64(tokens.Chat(req.Model, req.Messages, req.Tools))
+	default:
+		c.promptEstimate = int64(tokens.Input(req.Model, req.Input))
+	}
+	g.estimateCompletion(c)
+}
+
+// estimateCompletion sets the most c's completion may use: max_tokens, or
+// for a chat completion without it the largest recent one of its tenant
+// and model. Called again while c waits for budget, as recent answers
+// teach more.
+func (g *Gateway) estimateCompletion(c *call) {
+	req := c.req
+	if req.Endpoint == openai.Embeddings {
+		return
+	}
+	per := req.MaxTokens
+	switch {
+	case per > 0:
+	case req.Endpoint == openai.Completions:
+		per = 16 // the legacy API's default max_tokens
+	default:
+		per = g.estimates.get(c.tenant.Name, req.Model, g.opt.CompletionEstimate)
+	}
+	c.completionEstimate = per * req.N
+}
+
+// learnCompletion records what a chat completion without max_tokens really used,
+// for the estimates of the next ones. Only whole answers count: a cut
+// stream says nothing about how long answers are.
+func (g *Gateway) learnCompletion(c *call, usage *openai.Usage) {
+	req := c.req
+	if usage == nil || req.MaxTokens > 0 || req.Endpoint != openai.ChatCompletions || c.outcome != "ok" {
+		return
+	}
+	g.estimates.observe(c.tenant.Name, req.Model, (usage.CompletionTokens+req.N-1)/req.N)
 }

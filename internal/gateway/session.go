@@ -176,3 +176,29 @@ func (g *Gateway) unlockSession(c *call, lease *lock.Lease) {
 		g.log.Warn("session release failed; the lease expires by itself", "request_id", c.id, "err", err)
 	}
 }
+
+// runLocked is the rest of the pipeline: the session lock, then run.
+func (g *Gateway) runLocked(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call, cache *cacheFill) {
+	if c.session != "" {
+		lease, aerr := g.lockSession(ctx, c, c.session)
+		if aerr != nil {
+			aerr.Write(w)
+			return
+		}
+		defer g.unlockSession(c, lease)
+		// Losing the lease cancels the request at once, upstream call
+		// included: the session may be serving a later request now.
+		var stop context.CancelFunc
+		ctx, stop = lease.Context(ctx)
+		defer stop()
+	}
+	if cache == nil {
+		g.run(ctx, w, r, c)
+		return
+	}
+	tee := &teeWriter{ResponseWriter: w, ctx: ctx, record: &recording{max: maxRecordBytes}}
+	g.run(ctx, tee, r, c)
+	if tee.record != nil {
+		g.fillCache(c, cache, tee.record)
+	}
+}

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
@@ -190,50 +189,5 @@ func (g *Gateway) Close(ctx context.Context) error {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-// pendingWork counts background work. Unlike sync.WaitGroup, work may be
-// added while someone waits (a handler finishing as Close is called): the
-// waiter returns once the count is zero at some moment.
-type pendingWork struct {
-	mu      sync.Mutex // protects n, zero and waiting
-	n       int
-	zero    chan struct{} // closed when n drops to 0; nil while n is 0
-	waiting int           // callers in wait (tests watch it)
-}
-
-func (p *pendingWork) Add(d int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.n == 0 && p.zero == nil {
-		p.zero = make(chan struct{})
-	}
-	p.n += d
-	if p.n == 0 {
-		close(p.zero)
-		p.zero = nil
-	}
-}
-
-func (p *pendingWork) Done() { p.Add(-1) }
-
-func (p *pendingWork) wait(ctx context.Context) error {
-	p.mu.Lock()
-	zero := p.zero
-	if zero != nil {
-		p.waiting++
-	}
-	p.mu.Unlock()
-	if zero == nil {
-		return nil
-	}
-	defer func() {
-		p.mu.Lock()
-		p.waiting--
-		p.mu.Unlock()
-	}()
-	select {
-	case <-zero:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+// settleTimeout bounds the store calls that record a finished request.
+const settleTimeout = 10 * time.Second

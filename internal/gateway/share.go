@@ -27,13 +27,6 @@ const (
 	maxRecordBytes = 8 << 20
 )
 
-// TenantCache opts a tenant into the response cache.
-type TenantCache struct {
-	TTL time.Duration
-	// Models limits caching to these model names; nil means all.
-	Models map[string]bool
-}
-
 // flight says how a request shares its upstream call.
 type flight struct {
 	key, fingerprint string
@@ -271,32 +264,6 @@ func (g *Gateway) follow(ctx context.Context, w http.ResponseWriter, c *call, f 
 			_ = rc.Flush()
 			*wrote = body
 		}
-	}
-}
-
-// runLocked is the rest of the pipeline: the session lock, then run.
-func (g *Gateway) runLocked(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call, cache *cacheFill) {
-	if c.session != "" {
-		lease, aerr := g.lockSession(ctx, c, c.session)
-		if aerr != nil {
-			aerr.Write(w)
-			return
-		}
-		defer g.unlockSession(c, lease)
-		// Losing the lease cancels the request at once, upstream call
-		// included: the session may be serving a later request now.
-		var stop context.CancelFunc
-		ctx, stop = lease.Context(ctx)
-		defer stop()
-	}
-	if cache == nil {
-		g.run(ctx, w, r, c)
-		return
-	}
-	tee := &teeWriter{ResponseWriter: w, ctx: ctx, record: &recording{max: maxRecordBytes}}
-	g.run(ctx, tee, r, c)
-	if tee.record != nil {
-		g.fillCache(c, cache, tee.record)
 	}
 }
 

@@ -2,18 +2,13 @@ package gateway
 
 import (
 	"context"
-	"errors"
-	"io"
 	"log/slog"
 	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/internal/openai"
-	"github.com/llmgate/llmgate/internal/tokens"
 	"github.com/llmgate/llmgate/lock"
 	"github.com/llmgate/llmgate/ratelimit"
 )
@@ -186,148 +181,4 @@ func (g *Gateway) record(r *http.Request, c *call, ep openai.Endpoint) {
 		g.log.Debug("request", "request_id", c.id, "endpoint", ep.String(), "tenant", tenant,
 			"outcome", c.outcome, "duration", time.Since(c.start))
 	}
-}
-
-// readBody reads the request body up to the configured limit, within the
-// body timeout: a client that trickles its body (a byte every few
-// seconds) would otherwise hold the connection for as long as it likes.
-func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	if r.ContentLength > g.opt.MaxBodyBytes {
-		return nil, g.tooLarge()
-	}
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(g.opt.BodyTimeout))
-	size := 4096
-	if r.ContentLength > 0 {
-		size = int(r.ContentLength) + 1 // +1 so ReadAll sees EOF without growing
-	}
-	buf := make([]byte, 0, size)
-	lr := http.MaxBytesReader(w, r.Body, g.opt.MaxBodyBytes)
-	for {
-		n, err := lr.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			// Lifted once the body is in: net/http goes on reading the
-			// connection in the background to notice a client that
-			// leaves, and a deadline passing there would cancel the
-			// request. On failure the deadline stays, so that net/http
-			// does not wait for the rest of the body either.
-			_ = rc.SetReadDeadline(time.Time{})
-			return buf, nil
-		}
-		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				return nil, g.tooLarge()
-			}
-			if r.ProtoMajor == 1 {
-				// Else net/http would try to read the rest of the body
-				// before it sends the answer.
-				w.Header().Set("Connection", "close")
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				g.metrics.clientTimeout.WithLabelValues("body").Inc()
-				return nil, errf(http.StatusRequestTimeout, openai.TypeInvalidRequest, "request_timeout", "",
-					"The request body did not arrive within %s.", g.opt.BodyTimeout)
-			}
-			return nil, openai.BadRequest("", "The request body could not be read: the connection ended early.")
-		}
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-	}
-}
-
-func (g *Gateway) tooLarge() *apiError {
-	return errf(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "request_too_large", "",
-		"The request body is larger than this gateway accepts (%d bytes).", g.opt.MaxBodyBytes)
-}
-
-// readHints applies the x-llmgate-priority and x-llmgate-max-wait headers.
-func (g *Gateway) readHints(r *http.Request, c *call) *apiError {
-	c.priority = c.tenant.Priority
-	if p := r.Header.Get("X-Llmgate-Priority"); p != "" {
-		switch strings.ToLower(strings.TrimSpace(p)) {
-		case "interactive":
-			c.priority = ratelimit.Interactive
-		case "batch":
-			c.priority = ratelimit.Batch
-		default:
-			return errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-priority",
-				"Invalid x-llmgate-priority %q: use 'interactive' or 'batch'.", p)
-		}
-	}
-	c.maxWait = g.opt.MaxWait
-	if c.tenant.MaxWait != nil {
-		c.maxWait = *c.tenant.MaxWait
-	}
-	if v := r.Header.Get("X-Llmgate-Max-Wait"); v != "" {
-		d, err := parseWait(v)
-		if err != nil {
-			return errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-max-wait",
-				"Invalid x-llmgate-max-wait %q: give seconds (\"2.5\") or a duration (\"500ms\", \"1m\").", v)
-		}
-		c.maxWait = d
-	}
-	return nil
-}
-
-// parseWait reads a wait given in seconds or as a Go duration.
-func parseWait(v string) (time.Duration, error) {
-	v = strings.TrimSpace(v)
-	if f, err := strconv.ParseFloat(v, 64); err == nil {
-		if f < 0 || f > 86400 || f != f {
-			return 0, errors.New("out of range")
-		}
-		return time.Duration(f * float64(time.Second)), nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 || d > 24*time.Hour {
-		return 0, errors.New("bad duration")
-	}
-	return d, nil
-}
-
-// estimate sets the tokens reserved before the call: the prompt as the
-// provider will count it, plus the most the completion may use.
-func (g *Gateway) estimate(c *call) {
-	req := c.req
-	switch req.Endpoint {
-	case openai.ChatCompletions:
-		c.promptEstimate = int64(tokens.Chat(req.Model, req.Messages, req.Tools))
-	default:
-		c.promptEstimate = int64(tokens.Input(req.Model, req.Input))
-	}
-	g.estimateCompletion(c)
-}
-
-// estimateCompletion sets the most c's completion may use: max_tokens, or
-// for a chat completion without it the largest recent one of its tenant
-// and model. Called again while c waits for budget, as recent answers
-// teach more.
-func (g *Gateway) estimateCompletion(c *call) {
-	req := c.req
-	if req.Endpoint == openai.Embeddings {
-		return
-	}
-	per := req.MaxTokens
-	switch {
-	case per > 0:
-	case req.Endpoint == openai.Completions:
-		per = 16 // the legacy API's default max_tokens
-	default:
-		per = g.estimates.get(c.tenant.Name, req.Model, g.opt.CompletionEstimate)
-	}
-	c.completionEstimate = per * req.N
-}
-
-// learnCompletion records what a chat completion without max_tokens really used,
-// for the estimates of the next ones. Only whole answers count: a cut
-// stream says nothing about how long answers are.
-func (g *Gateway) learnCompletion(c *call, usage *openai.Usage) {
-	req := c.req
-	if usage == nil || req.MaxTokens > 0 || req.Endpoint != openai.ChatCompletions || c.outcome != "ok" {
-		return
-	}
-	g.estimates.observe(c.tenant.Name, req.Model, (usage.CompletionTokens+req.N-1)/req.N)
 }
