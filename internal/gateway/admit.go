@@ -130,7 +130,7 @@ func (g *Gateway) chargesFor(c *call, dep *deployment) []ratelimit.Charge {
 	if ml.any() {
 		ch = appendCharges(ch, "tenant-model:"+t.Name+"/"+c.req.Model, ml, tok)
 	}
-	if g.opt.RateLimitFailClosed {
+	if g.opt.Admission.FailClosed {
 		for i := range ch {
 			ch[i].Limit.FailClosed = true
 		}
@@ -151,7 +151,7 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 		if len(ch) == 0 {
 			return admitted{dep: dep}, nil
 		}
-		req := ratelimit.Request{Charges: ch, Priority: c.priority, Hold: g.opt.ReservationHold}
+		req := ratelimit.Request{Charges: ch, Priority: c.priority, Hold: g.opt.Admission.ReservationHold}
 		if len(cands) == 1 && c.maxWait > 0 {
 			return g.wait(ctx, c, dep, req)
 		}
@@ -170,7 +170,7 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 	if c.maxWait <= 0 {
 		return admitted{}, g.limited(c, best.decision, 0)
 	}
-	return g.wait(ctx, c, best.dep, ratelimit.Request{Charges: best.charges, Priority: c.priority, Hold: g.opt.ReservationHold})
+	return g.wait(ctx, c, best.dep, ratelimit.Request{Charges: best.charges, Priority: c.priority, Hold: g.opt.Admission.ReservationHold})
 }
 
 // wait queues c for dep until admitted or c.maxWait passes.

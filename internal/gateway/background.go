@@ -15,6 +15,17 @@ const (
 	backgroundQueue   = 1024
 )
 
+// workers runs background work: the settle of every request, shared
+// provider feedback, cache fills. Each job is counted in pending until it
+// has run, so that Close can wait for it.
+type workers struct {
+	pending *pendingWork
+	mu      sync.Mutex         // protects jobs, stop and stopped
+	jobs    chan backgroundJob // made on first use
+	stop    chan struct{}
+	stopped bool
+}
+
 // backgroundJob is a call of f with a context that ends at deadline: the
 // job's timeout counts from when it was handed over, so that work queued
 // behind a stalled store (an outage) fails when it would have on a
@@ -24,50 +35,51 @@ type backgroundJob struct {
 	f        func(ctx context.Context)
 }
 
-// background runs f with a context bounded by timeout, tracked by Close,
-// never in the caller's goroutine.
-func (g *Gateway) background(timeout time.Duration, f func(ctx context.Context)) {
-	g.pending.Add(1)
+// run runs f with a context bounded by timeout, never in the caller's
+// goroutine.
+func (w *workers) run(timeout time.Duration, f func(ctx context.Context)) {
+	w.pending.Add(1)
 	j := backgroundJob{time.Now().Add(timeout), f}
-	g.bgMu.Lock()
-	defer g.bgMu.Unlock()
-	if !g.bgStopped {
-		if g.jobs == nil {
-			g.jobs = make(chan backgroundJob, backgroundQueue)
-			g.stopJobs = make(chan struct{})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped {
+		if w.jobs == nil {
+			w.jobs = make(chan backgroundJob, backgroundQueue)
+			w.stop = make(chan struct{})
 			for range backgroundWorkers {
-				go g.backgroundWorker(g.jobs, g.stopJobs)
+				go w.loop(w.jobs, w.stop)
 			}
 		}
 		select {
-		case g.jobs <- j:
+		case w.jobs <- j:
 			return
 		default:
 		}
 	}
-	go g.runJob(j)
+	go w.runJob(j)
 }
 
-// stopBackground ends the workers once they have run what is queued.
-func (g *Gateway) stopBackground() {
-	g.bgMu.Lock()
-	defer g.bgMu.Unlock()
-	if !g.bgStopped && g.stopJobs != nil {
-		close(g.stopJobs)
+// close ends the workers once they have run what is queued; work handed
+// over later runs on goroutines of its own.
+func (w *workers) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped && w.stop != nil {
+		close(w.stop)
 	}
-	g.bgStopped = true
+	w.stopped = true
 }
 
-func (g *Gateway) backgroundWorker(jobs <-chan backgroundJob, stop <-chan struct{}) {
+func (w *workers) loop(jobs <-chan backgroundJob, stop <-chan struct{}) {
 	for {
 		select {
 		case j := <-jobs:
-			g.runJob(j)
+			w.runJob(j)
 		case <-stop:
 			for { // nothing is queued after stop: drain and end
 				select {
 				case j := <-jobs:
-					g.runJob(j)
+					w.runJob(j)
 				default:
 					return
 				}
@@ -76,8 +88,8 @@ func (g *Gateway) backgroundWorker(jobs <-chan backgroundJob, stop <-chan struct
 	}
 }
 
-func (g *Gateway) runJob(j backgroundJob) {
-	defer g.pending.Done()
+func (w *workers) runJob(j backgroundJob) {
+	defer w.pending.Done()
 	ctx, cancel := context.WithDeadline(context.Background(), j.deadline)
 	defer cancel()
 	j.f(ctx)

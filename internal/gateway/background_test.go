@@ -45,7 +45,7 @@ func TestBackgroundRunsEverything(t *testing.T) {
 	const jobs = backgroundWorkers + backgroundQueue + 100
 	for i := range jobs {
 		handed := time.Now()
-		g.background(time.Hour, func(ctx context.Context) {
+		g.workers.run(time.Hour, func(ctx context.Context) {
 			if i < backgroundWorkers {
 				<-release // the workers stay busy while the rest is handed over
 			}
@@ -71,7 +71,7 @@ func TestBackgroundRunsEverything(t *testing.T) {
 		t.Errorf("a queued job's deadline was %v after it was handed over, want its timeout (1h)", d)
 	}
 	done := make(chan struct{})
-	g.background(time.Second, func(context.Context) { close(done) })
+	g.workers.run(time.Second, func(context.Context) { close(done) })
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):

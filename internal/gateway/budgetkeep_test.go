@@ -71,7 +71,7 @@ func TestStreamRenewsBudgetHold(t *testing.T) {
 		for i := range o.Deployments {
 			o.Deployments[i].Target.BaseURL = srv.URL + "/v1"
 		}
-		o.CompletionEstimate = estimate
+		o.Admission.CompletionEstimate = estimate
 		bb, err := budgetmemory.Open(budgetmemory.Config{})
 		if err != nil {
 			t.Fatal(err)

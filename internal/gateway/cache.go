@@ -23,7 +23,7 @@ type cacheFill struct {
 // cache: the tenant opted in (for this model), or the request asked with
 // x-llmgate-cache-ttl; never with x-llmgate-cache: skip.
 func (g *Gateway) cacheFor(r *http.Request, c *call) (*cacheFill, *apiError) {
-	if g.opt.Cache == nil {
+	if g.opt.Cache.Store == nil {
 		return nil, nil
 	}
 	switch v := strings.ToLower(strings.TrimSpace(r.Header.Get("X-Llmgate-Cache"))); v {
@@ -39,7 +39,7 @@ func (g *Gateway) cacheFor(r *http.Request, c *call) (*cacheFill, *apiError) {
 		ttl = tc.TTL
 	}
 	if v := r.Header.Get("X-Llmgate-Cache-Ttl"); v != "" {
-		d, err := parseTTL(v, g.opt.CacheMaxTTL)
+		d, err := parseTTL(v, g.opt.Cache.MaxTTL)
 		if err != nil {
 			return nil, errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "x-llmgate-cache-ttl",
 				"Invalid x-llmgate-cache-ttl %q: give seconds (\"300\") or a duration (\"10m\"), above 0.", v)
@@ -85,7 +85,7 @@ func parseTTL(v string, limit time.Duration) (time.Duration, error) {
 func (g *Gateway) serveCached(ctx context.Context, w http.ResponseWriter, c *call, cf *cacheFill) bool {
 	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	e, ok, err := g.opt.Cache.Get(gctx, cf.key)
+	e, ok, err := g.opt.Cache.Store.Get(gctx, cf.key)
 	if err != nil {
 		g.log.Warn("cache lookup failed; going upstream", "request_id", c.id, "err", err)
 	}
@@ -130,11 +130,11 @@ func (g *Gateway) fillCache(c *call, cf *cacheFill, rec *recording) {
 	} else {
 		e.Body = bytes.Join(rec.frames, nil)
 	}
-	if !respcache.Cacheable(e, g.opt.CacheLength) {
+	if !respcache.Cacheable(e, g.opt.Cache.Length) {
 		return
 	}
-	g.background(settleTimeout, func(ctx context.Context) {
-		if err := g.opt.Cache.Put(ctx, cf.key, e, cf.ttl); err != nil {
+	g.workers.run(settleTimeout, func(ctx context.Context) {
+		if err := g.opt.Cache.Store.Put(ctx, cf.key, e, cf.ttl); err != nil {
 			g.log.Warn("cache store failed", "request_id", c.id, "err", err)
 		}
 	})

@@ -104,7 +104,7 @@ func (g *Gateway) estimateCompletion(c *call) {
 	case req.Endpoint == openai.Completions:
 		per = 16 // the legacy API's default max_tokens
 	default:
-		per = g.estimates.get(c.tenant.Name, req.Model, g.opt.CompletionEstimate)
+		per = g.estimates.get(c.tenant.Name, req.Model, g.opt.Admission.CompletionEstimate)
 	}
 	c.completionEstimate = per * req.N
 }

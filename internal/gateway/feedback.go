@@ -63,7 +63,7 @@ func (g *Gateway) Feedback(t *provider.Target, f provider.Feedback) {
 				due = append(due, k)
 			}
 		}
-		g.background(feedbackTimeout, func(ctx context.Context) {
+		g.workers.run(feedbackTimeout, func(ctx context.Context) {
 			defer d.sharing.Store(false)
 			for _, k := range due {
 				g.learn(ctx, d, k, rep[k])
@@ -115,7 +115,7 @@ func (g *Gateway) observe(d *deployment, l ratelimit.Limit, remaining int64) {
 	if !d.observing.CompareAndSwap(false, true) {
 		return // one report in flight per deployment is enough
 	}
-	g.background(feedbackTimeout, func(ctx context.Context) {
+	g.workers.run(feedbackTimeout, func(ctx context.Context) {
 		defer d.observing.Store(false)
 		if err := g.opt.Limiter.Observe(ctx, d.scope, l, remaining); err != nil {
 			g.log.Warn("could not share a provider's remaining quota", "deployment", d.Name, "err", err)

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,18 +30,15 @@ type Gateway struct {
 	byTarget map[string][]*deployment
 	deps     []*deployment
 	byName   map[string]*deployment
-	// pending counts background settles; Close waits for them.
+	// pending counts the requests being served and the background work
+	// they leave; Close waits for it.
 	pending pendingWork
 	// estimates learns completion sizes for requests without max_tokens.
 	estimates completionEstimates
 	// keeper renews the rate-limit reservations of long requests.
 	keeper keeper
-	// bgMu protects the background workers' queue (made on first use)
-	// and stop channel; Close stops them.
-	bgMu      sync.Mutex
-	jobs      chan backgroundJob
-	stopJobs  chan struct{}
-	bgStopped bool
+	// workers run the background work; Close stops them.
+	workers workers
 	// usage batches the usage records of tenants without a budget cap.
 	usage usageBatch
 	// lastWindow caches a budget window (see window).
@@ -74,34 +70,7 @@ func New(opt Options) (*Gateway, error) {
 	case opt.Route == nil:
 		return nil, errors.New("gateway: Options.Route is required")
 	}
-	positive(&opt.MaxBodyBytes, DefaultMaxBodyBytes)
-	positive(&opt.RequestTimeout, DefaultRequestTimeout)
-	positive(&opt.IdleTimeout, DefaultIdleTimeout)
-	positive(&opt.CompletionEstimate, DefaultCompletionEstimate)
-	positive(&opt.ReservationHold, DefaultReservationHold)
-	positive(&opt.UsageFlushInterval, DefaultUsageFlushInterval)
-	positive(&opt.DedupRetain, DefaultDedupRetain)
-	positive(&opt.IdempotencyTTL, DefaultIdempotencyTTL)
-	positive(&opt.CacheMaxTTL, DefaultCacheMaxTTL)
-	positive(&opt.SessionTTL, DefaultSessionTTL)
-	positive(&opt.BodyTimeout, DefaultBodyTimeout)
-	positive(&opt.WriteTimeout, DefaultWriteTimeout)
-	positive(&opt.StreamWriteTimeout, DefaultStreamWriteTimeout)
-	if opt.MaxWait < 0 {
-		opt.MaxWait = 0
-	} else if opt.MaxWait == 0 {
-		opt.MaxWait = DefaultMaxWait
-	}
-	if opt.SessionHeader == "" {
-		opt.SessionHeader = DefaultSessionHeader
-	}
-	opt.SessionHeader = http.CanonicalHeaderKey(opt.SessionHeader)
-	if opt.Logger == nil {
-		opt.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opt.Ready == nil {
-		opt.Ready = func(context.Context) error { return nil }
-	}
+	opt = opt.withDefaults()
 	reg := opt.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -127,6 +96,7 @@ func New(opt Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.usage.g = g
+	g.workers.pending = &g.pending
 	seen := make(map[string]bool)
 	for i := range opt.Deployments {
 		d := &opt.Deployments[i]

@@ -174,16 +174,18 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 			}
 			return nil, false
 		},
-		Limiter:            ratelimit.New(rlmemory.New(clock.Real{})),
-		InProcessLimiter:   true, // as llmgate serve sets it on the memory store
-		Budgets:            bm,
-		Upstream:           up,
-		Tenants:            map[string]*Tenant{sha(tenantKey): h.teamA, sha(batchKey): h.batch},
-		Logger:             log,
-		AdminTokenSHA256:   sha(adminToken),
-		Dedup:              dedup.New(dedupmemory.New(clock.Real{}), dedup.Options{LeaseTTL: time.Second}),
-		DedupDeterministic: true,
-		Cache:              respcache.NewMemory(64<<20, clock.Real{}),
+		Limiter:          ratelimit.New(rlmemory.New(clock.Real{})),
+		InProcessLimiter: true, // as llmgate serve sets it on the memory store
+		Budgets:          bm,
+		Upstream:         up,
+		Tenants:          map[string]*Tenant{sha(tenantKey): h.teamA, sha(batchKey): h.batch},
+		Logger:           log,
+		AdminTokenSHA256: sha(adminToken),
+		Dedup: DedupOptions{
+			Group:         dedup.New(dedupmemory.New(clock.Real{}), dedup.Options{LeaseTTL: time.Second}),
+			Deterministic: true,
+		},
+		Cache: CacheOptions{Store: respcache.NewMemory(64<<20, clock.Real{})},
 	}
 	for _, m := range simModels {
 		opt.Deployments = append(opt.Deployments, Deployment{

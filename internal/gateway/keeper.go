@@ -117,7 +117,7 @@ type keptDue struct {
 }
 
 func (k *keeper) run(g *Gateway, stop <-chan struct{}) {
-	hold, ttl := g.opt.ReservationHold, g.opt.Budgets.TTL()
+	hold, ttl := g.opt.Admission.ReservationHold, g.opt.Budgets.TTL()
 	tick := time.NewTicker(max(min(hold/4, ttl/6), time.Millisecond)) // a positive period, whatever the hold
 	defer tick.Stop()
 	var due []keptDue

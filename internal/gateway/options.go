@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
@@ -96,7 +97,8 @@ type TenantCache struct {
 	Models map[string]bool
 }
 
-// Options configures a Gateway. Limiter, Budgets and Upstream are required.
+// Options configures a Gateway. Limiter, Budgets, Upstream and Route are
+// required; every duration or size left at zero takes its default.
 type Options struct {
 	Deployments []Deployment
 	// Route returns the ordered route targets ("provider/model") for a
@@ -115,65 +117,11 @@ type Options struct {
 	// Ready reports whether the coordination store answers (GET /readyz).
 	Ready func(ctx context.Context) error
 
-	// MaxBodyBytes bounds request bodies (413 above). Default 8 MiB.
-	MaxBodyBytes int64
-	// MaxWait is how long a request may wait for rate-limit capacity
-	// before it is answered 429. Default 30s.
-	MaxWait time.Duration
-	// RequestTimeout bounds a whole request: waiting, retries and the
-	// answer. Default 10m.
-	RequestTimeout time.Duration
-	// IdleTimeout is the longest gap between two events of an upstream
-	// stream. Default 2m.
-	IdleTimeout time.Duration
-	// CompletionEstimate is the completion tokens reserved for a chat
-	// request that does not set max_tokens, until the gateway has seen
-	// enough such requests of its tenant and model to use the largest
-	// completion among the recent ones instead. Default 256.
-	CompletionEstimate int64
-	// Locker orders the requests of one session (see SessionHeader); nil
-	// disables session ordering.
-	Locker *lock.Locker
-	// SessionHeader names the request header carrying a session id.
-	// Default DefaultSessionHeader.
-	SessionHeader string
-	// SessionTTL is the session lease: how long a dead replica can hold a
-	// session. Default DefaultSessionTTL.
-	SessionTTL time.Duration
-
-	// Dedup shares one upstream call among identical requests across
-	// replicas; nil disables de-duplication.
-	Dedup *dedup.Group
-	// DedupDeterministic de-duplicates requests with temperature 0
-	// automatically; DedupModels does so for these models whatever the
-	// temperature. Requests with an Idempotency-Key always share.
-	DedupDeterministic bool
-	DedupModels        map[string]bool
-	// DedupRetain is how long a finished automatic flight is still shared
-	// with late arrivals. Default DefaultDedupRetain.
-	DedupRetain time.Duration
-	// IdempotencyTTL is how long an Idempotency-Key's answer is kept for
-	// retries. Default DefaultIdempotencyTTL.
-	IdempotencyTTL time.Duration
-	// Cache stores completed answers; nil disables caching.
-	Cache respcache.Store
-	// CacheMaxTTL caps x-llmgate-cache-ttl. Default DefaultCacheMaxTTL.
-	CacheMaxTTL time.Duration
-	// CacheLength also caches answers cut by finish_reason "length".
-	CacheLength bool
-
-	// ReservationHold is how long a rate-limit reservation (and its
-	// concurrency permit) lives without news from this replica; running
-	// requests renew it every half hold, so it bounds only how long a
-	// crashed replica pins capacity. Default DefaultReservationHold.
-	ReservationHold time.Duration
-	// UsageFlushInterval is how long the usage of tenants without a budget
-	// cap collects before it is recorded: one store call per tenant,
-	// window, model and deployment per interval instead of one per request
-	// (tenants with a cap are settled request by request). It bounds what a
-	// replica killed with -9 loses of such usage; Close records it all.
-	// Default DefaultUsageFlushInterval.
-	UsageFlushInterval time.Duration
+	Admission AdmissionOptions
+	HTTP      HTTPOptions
+	Sessions  SessionOptions
+	Dedup     DedupOptions
+	Cache     CacheOptions
 
 	// InProcessLimiter says Limiter's store is in this process (the memory
 	// store): a finished request's limits are then settled on its own
@@ -182,9 +130,6 @@ type Options struct {
 	// (the memory budget store waits for the disk).
 	InProcessLimiter bool
 
-	// RateLimitFailClosed refuses requests (503) when the rate-limit store
-	// cannot be reached; the default admits them unchecked.
-	RateLimitFailClosed bool
 	// AdminTokenSHA256 is the hex SHA-256 of the admin API token; empty
 	// disables /admin/.
 	AdminTokenSHA256 string
@@ -197,34 +142,161 @@ type Options struct {
 	// in practice.
 	Secrets []string
 
-	// BodyTimeout bounds the reading of a request body (408 past it).
-	// Default DefaultBodyTimeout.
-	BodyTimeout time.Duration
-	// WriteTimeout bounds each write of a non-streamed answer to the
-	// client, and StreamWriteTimeout each event of a stream: a client
-	// that does not read is cut. Defaults DefaultWriteTimeout and
-	// DefaultStreamWriteTimeout.
-	WriteTimeout       time.Duration
-	StreamWriteTimeout time.Duration
-
 	Logger *slog.Logger
 	// Registry receives the gateway's Prometheus metrics; nil means a new
 	// registry, served on /metrics.
 	Registry *prometheus.Registry
 }
 
+// AdmissionOptions say how requests wait for and hold rate-limit capacity,
+// and how their usage is recorded.
+type AdmissionOptions struct {
+	// MaxWait is how long a request may wait for rate-limit capacity
+	// before it is answered 429; negative means not at all. Default
+	// DefaultMaxWait.
+	MaxWait time.Duration
+	// CompletionEstimate is the completion tokens reserved for a chat
+	// request that does not set max_tokens, until the gateway has seen
+	// enough such requests of its tenant and model to use the largest
+	// completion among the recent ones instead. Default
+	// DefaultCompletionEstimate.
+	CompletionEstimate int64
+	// ReservationHold is how long a rate-limit reservation (and its
+	// concurrency permit) lives without news from this replica; running
+	// requests renew it every half hold, so it bounds only how long a
+	// crashed replica pins capacity. Default DefaultReservationHold.
+	ReservationHold time.Duration
+	// UsageFlushInterval is how long the usage of tenants without a budget
+	// cap collects before it is recorded: one store call per tenant,
+	// window, model and deployment per interval instead of one per request
+	// (tenants with a cap are settled request by request). It bounds what a
+	// replica killed with -9 loses of such usage; Close records it all.
+	// Default DefaultUsageFlushInterval.
+	UsageFlushInterval time.Duration
+	// FailClosed refuses requests (503) when the rate-limit store cannot
+	// be reached; the default admits them unchecked.
+	FailClosed bool
+}
+
+// HTTPOptions bound what a client, and an upstream stream, may take.
+type HTTPOptions struct {
+	// MaxBodyBytes bounds request bodies (413 above). Default
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// BodyTimeout bounds the reading of a request body (408 past it).
+	// Default DefaultBodyTimeout.
+	BodyTimeout time.Duration
+	// RequestTimeout bounds a whole request: waiting, retries and the
+	// answer. Default DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	// WriteTimeout bounds each write of a non-streamed answer to the
+	// client, and StreamWriteTimeout each event of a stream: a client
+	// that does not read is cut. Defaults DefaultWriteTimeout and
+	// DefaultStreamWriteTimeout.
+	WriteTimeout       time.Duration
+	StreamWriteTimeout time.Duration
+	// UpstreamIdleTimeout is the longest gap between two events of an
+	// upstream stream. Default DefaultUpstreamIdleTimeout.
+	UpstreamIdleTimeout time.Duration
+}
+
+// SessionOptions order the requests of one session.
+type SessionOptions struct {
+	// Locker holds each session's turn; nil disables session ordering.
+	Locker *lock.Locker
+	// Header names the request header carrying a session id. Default
+	// DefaultSessionHeader.
+	Header string
+	// TTL is the session lease: how long a dead replica can hold a
+	// session. Default DefaultSessionTTL.
+	TTL time.Duration
+}
+
+// DedupOptions share one upstream call among identical requests across
+// replicas.
+type DedupOptions struct {
+	// Group runs the shared calls; nil disables de-duplication.
+	Group *dedup.Group
+	// Deterministic de-duplicates requests with temperature 0
+	// automatically; Models does so for these models whatever the
+	// temperature. Requests with an Idempotency-Key always share.
+	Deterministic bool
+	Models        map[string]bool
+	// Retain is how long a finished automatic flight is still shared with
+	// late arrivals. Default DefaultDedupRetain.
+	Retain time.Duration
+	// IdempotencyTTL is how long an Idempotency-Key's answer is kept for
+	// retries. Default DefaultIdempotencyTTL.
+	IdempotencyTTL time.Duration
+}
+
+// CacheOptions configure the response cache (tenants opt in, see
+// TenantCache).
+type CacheOptions struct {
+	// Store keeps completed answers; nil disables caching.
+	Store respcache.Store
+	// MaxTTL caps x-llmgate-cache-ttl. Default DefaultCacheMaxTTL.
+	MaxTTL time.Duration
+	// Length also caches answers cut by finish_reason "length".
+	Length bool
+}
+
 // Default values of Options.
 const (
-	DefaultMaxBodyBytes       = 8 << 20
 	DefaultMaxWait            = 30 * time.Second
-	DefaultRequestTimeout     = 10 * time.Minute
-	DefaultBodyTimeout        = 60 * time.Second
-	DefaultWriteTimeout       = 60 * time.Second
-	DefaultStreamWriteTimeout = 60 * time.Second
-	DefaultIdleTimeout        = 2 * time.Minute
 	DefaultCompletionEstimate = 256
 	DefaultReservationHold    = 10 * time.Second
+	DefaultUsageFlushInterval = 100 * time.Millisecond
+
+	DefaultMaxBodyBytes        = 8 << 20
+	DefaultBodyTimeout         = 60 * time.Second
+	DefaultRequestTimeout      = 10 * time.Minute
+	DefaultWriteTimeout        = 60 * time.Second
+	DefaultStreamWriteTimeout  = 60 * time.Second
+	DefaultUpstreamIdleTimeout = 2 * time.Minute
+
+	DefaultSessionHeader = "X-Session-Id"
+	DefaultSessionTTL    = 10 * time.Second
+
+	DefaultDedupRetain    = 10 * time.Second
+	DefaultIdempotencyTTL = 24 * time.Hour
+	DefaultCacheMaxTTL    = 24 * time.Hour
 )
+
+// withDefaults returns o with every unset duration, size and name at its
+// default.
+func (o Options) withDefaults() Options {
+	positive(&o.Admission.CompletionEstimate, DefaultCompletionEstimate)
+	positive(&o.Admission.ReservationHold, DefaultReservationHold)
+	positive(&o.Admission.UsageFlushInterval, DefaultUsageFlushInterval)
+	switch {
+	case o.Admission.MaxWait < 0:
+		o.Admission.MaxWait = 0
+	case o.Admission.MaxWait == 0:
+		o.Admission.MaxWait = DefaultMaxWait
+	}
+	positive(&o.HTTP.MaxBodyBytes, DefaultMaxBodyBytes)
+	positive(&o.HTTP.BodyTimeout, DefaultBodyTimeout)
+	positive(&o.HTTP.RequestTimeout, DefaultRequestTimeout)
+	positive(&o.HTTP.WriteTimeout, DefaultWriteTimeout)
+	positive(&o.HTTP.StreamWriteTimeout, DefaultStreamWriteTimeout)
+	positive(&o.HTTP.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
+	if o.Sessions.Header == "" {
+		o.Sessions.Header = DefaultSessionHeader
+	}
+	o.Sessions.Header = http.CanonicalHeaderKey(o.Sessions.Header)
+	positive(&o.Sessions.TTL, DefaultSessionTTL)
+	positive(&o.Dedup.Retain, DefaultDedupRetain)
+	positive(&o.Dedup.IdempotencyTTL, DefaultIdempotencyTTL)
+	positive(&o.Cache.MaxTTL, DefaultCacheMaxTTL)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Ready == nil {
+		o.Ready = func(context.Context) error { return nil }
+	}
+	return o
+}
 
 // positive sets *p to def unless it is above zero.
 func positive[T int64 | time.Duration](p *T, def T) {

@@ -79,7 +79,7 @@ func (c *call) priceModel() string {
 
 // serve runs the pipeline for one of the proxied POST endpoints.
 func (g *Gateway) serve(rw http.ResponseWriter, r *http.Request, ep openai.Endpoint) {
-	cw := newClientWriter(rw, g.opt.WriteTimeout, g.metrics.clientTimeout.WithLabelValues("write").Inc)
+	cw := newClientWriter(rw, g.opt.HTTP.WriteTimeout, g.metrics.clientTimeout.WithLabelValues("write").Inc)
 	defer cw.release()
 	var w http.ResponseWriter = cw
 	idHeader := setRequestID(w, r)
@@ -93,7 +93,7 @@ func (g *Gateway) serve(rw http.ResponseWriter, r *http.Request, ep openai.Endpo
 	defer g.running.Add(-1)
 	defer g.record(r, c, ep)
 	ctx := r.Context()
-	ctx, cancel := context.WithTimeout(ctx, g.opt.RequestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, g.opt.HTTP.RequestTimeout)
 	defer cancel()
 
 	cache, fl, aerr := g.prepare(w, r, ep, c)
@@ -102,7 +102,7 @@ func (g *Gateway) serve(rw http.ResponseWriter, r *http.Request, ep openai.Endpo
 		return
 	}
 	if c.req.Stream {
-		cw.timeout = g.opt.StreamWriteTimeout
+		cw.timeout = g.opt.HTTP.StreamWriteTimeout
 	}
 	// Cache, then de-duplication, then the session, then admission: a hit
 	// or a follower costs no session turn, limit or budget.
@@ -150,7 +150,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, ep openai.Endp
 		return fail("bad_request", aerr)
 	}
 	g.estimate(c)
-	if g.opt.Locker != nil {
+	if g.opt.Sessions.Locker != nil {
 		if c.session, aerr = g.sessionID(r, c.body); aerr != nil {
 			return fail("bad_request", aerr)
 		}

@@ -428,7 +428,7 @@ func TestRepeatedRequestIDStillCharged(t *testing.T) {
 func TestLongRequestKeepsPermit(t *testing.T) {
 	const hold = 200 * time.Millisecond
 	h, up := gatedHarness(t, func(o *Options, h *harness) {
-		o.ReservationHold = hold
+		o.Admission.ReservationHold = hold
 		for i := range o.Deployments {
 			o.Deployments[i].Limits = Limits{Concurrency: 1}
 		}

@@ -148,7 +148,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 	// The idle timer cuts an upstream that stops sending.
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	idle := time.AfterFunc(g.opt.IdleTimeout, func() { cancel(errIdle) })
+	idle := time.AfterFunc(g.opt.HTTP.UpstreamIdleTimeout, func() { cancel(errIdle) })
 	defer idle.Stop()
 	stop := context.AfterFunc(sctx, func() { resp.Body.Close() })
 	defer stop()
@@ -164,7 +164,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 	)
 	for {
 		raw, data, err := er.Next()
-		idle.Reset(g.opt.IdleTimeout)
+		idle.Reset(g.opt.HTTP.UpstreamIdleTimeout)
 		if data != nil {
 			ch := openai.ParseChunk(data)
 			switch {

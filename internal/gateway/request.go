@@ -17,17 +17,17 @@ import (
 // body timeout: a client that trickles its body (a byte every few
 // seconds) would otherwise hold the connection for as long as it likes.
 func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
-	if r.ContentLength > g.opt.MaxBodyBytes {
+	if r.ContentLength > g.opt.HTTP.MaxBodyBytes {
 		return nil, g.tooLarge()
 	}
 	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Now().Add(g.opt.BodyTimeout))
+	_ = rc.SetReadDeadline(time.Now().Add(g.opt.HTTP.BodyTimeout))
 	size := 4096
 	if r.ContentLength > 0 {
 		size = int(r.ContentLength) + 1 // +1 so ReadAll sees EOF without growing
 	}
 	buf := make([]byte, 0, size)
-	lr := http.MaxBytesReader(w, r.Body, g.opt.MaxBodyBytes)
+	lr := http.MaxBytesReader(w, r.Body, g.opt.HTTP.MaxBodyBytes)
 	for {
 		n, err := lr.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -53,7 +53,7 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				g.metrics.clientTimeout.WithLabelValues("body").Inc()
 				return nil, errf(http.StatusRequestTimeout, openai.TypeInvalidRequest, "request_timeout", "",
-					"The request body did not arrive within %s.", g.opt.BodyTimeout)
+					"The request body did not arrive within %s.", g.opt.HTTP.BodyTimeout)
 			}
 			return nil, openai.BadRequest("", "The request body could not be read: the connection ended early.")
 		}
@@ -65,7 +65,7 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api
 
 func (g *Gateway) tooLarge() *apiError {
 	return errf(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "request_too_large", "",
-		"The request body is larger than this gateway accepts (%d bytes).", g.opt.MaxBodyBytes)
+		"The request body is larger than this gateway accepts (%d bytes).", g.opt.HTTP.MaxBodyBytes)
 }
 
 // readHints applies the x-llmgate-priority and x-llmgate-max-wait headers.
@@ -82,7 +82,7 @@ func (g *Gateway) readHints(r *http.Request, c *call) *apiError {
 				"Invalid x-llmgate-priority %q: use 'interactive' or 'batch'.", p)
 		}
 	}
-	c.maxWait = g.opt.MaxWait
+	c.maxWait = g.opt.Admission.MaxWait
 	if c.tenant.MaxWait != nil {
 		c.maxWait = *c.tenant.MaxWait
 	}

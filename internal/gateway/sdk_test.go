@@ -185,7 +185,7 @@ func TestOfficialSDK(t *testing.T) {
 // TestErrorStatuses checks each error status and its OpenAI-shaped body.
 func TestErrorStatuses(t *testing.T) {
 	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
-		o.MaxBodyBytes = 1024
+		o.HTTP.MaxBodyBytes = 1024
 		h.teamA.Models = map[string]bool{"gpt-4.1": true}
 	}})
 	chat := `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}`

@@ -16,12 +16,8 @@ import (
 	"github.com/llmgate/llmgate/lock"
 )
 
-// Session defaults.
-const (
-	DefaultSessionHeader = "X-Session-Id"
-	DefaultSessionTTL    = 10 * time.Second
-	maxSessionIDLen      = 256
-)
+// maxSessionIDLen bounds a session id.
+const maxSessionIDLen = 256
 
 // Errors of a request whose session lease lapsed, as the upstream call's
 // BeforeAttempt check returns them.
@@ -38,7 +34,7 @@ var (
 // session header's value or, with "x-llmgate-session: user" and no session
 // header, the body's user field.
 func (g *Gateway) sessionID(r *http.Request, body []byte) (string, *apiError) {
-	id, param, code := r.Header.Get(g.opt.SessionHeader), g.opt.SessionHeader, "invalid_header"
+	id, param, code := r.Header.Get(g.opt.Sessions.Header), g.opt.Sessions.Header, "invalid_header"
 	switch v := strings.ToLower(strings.TrimSpace(r.Header.Get("X-Llmgate-Session"))); v {
 	case "":
 	case "user":
@@ -81,7 +77,7 @@ func (g *Gateway) sessionID(r *http.Request, body []byte) (string, *apiError) {
 func (g *Gateway) lockSession(ctx context.Context, c *call, id string) (*lock.Lease, *apiError) {
 	key := "session:" + c.tenant.Name + ":" + id
 	start := time.Now()
-	lease, err := g.opt.Locker.Acquire(ctx, key, lock.Options{TTL: g.opt.SessionTTL, Fair: true})
+	lease, err := g.opt.Sessions.Locker.Acquire(ctx, key, lock.Options{TTL: g.opt.Sessions.TTL, Fair: true})
 	g.metrics.sessionWait.Observe(time.Since(start).Seconds())
 	if err != nil {
 		if ctx.Err() != nil {
@@ -89,7 +85,7 @@ func (g *Gateway) lockSession(ctx context.Context, c *call, id string) (*lock.Le
 		}
 		if errors.Is(err, lock.ErrNotObtained) {
 			c.outcome = "session_busy"
-			return nil, errf(http.StatusConflict, openai.TypeInvalidRequest, "session_busy", g.opt.SessionHeader,
+			return nil, errf(http.StatusConflict, openai.TypeInvalidRequest, "session_busy", g.opt.Sessions.Header,
 				"The session's earlier requests did not finish in time.")
 		}
 		c.outcome = "store_unavailable"

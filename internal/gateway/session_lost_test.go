@@ -127,8 +127,8 @@ func TestSessionLostWhileWaiting(t *testing.T) {
 	locks := newStealable()
 	limits := rlmemory.New(clock.Real{})
 	h, up := gatedHarness(t, func(o *Options, h *harness) {
-		o.Locker = lock.New(locks)
-		o.SessionTTL = sessionLostTTL
+		o.Sessions.Locker = lock.New(locks)
+		o.Sessions.TTL = sessionLostTTL
 		o.Limiter = ratelimit.New(limits)
 		for i := range o.Deployments {
 			o.Deployments[i].Limits = Limits{Concurrency: 1}
@@ -263,8 +263,8 @@ func TestSessionLostMidStream(t *testing.T) {
 			o.Deployments[i].Target.BaseURL = srv.URL + "/v1"
 			o.Deployments[i].Limits = Limits{Concurrency: 1}
 		}
-		o.Locker = lock.New(locks)
-		o.SessionTTL = sessionLostTTL
+		o.Sessions.Locker = lock.New(locks)
+		o.Sessions.TTL = sessionLostTTL
 		h.teamA.Budget = &budget.Budget{Tenant: "team-a", Period: budget.Month, Tokens: 1_000_000}
 	}})
 	resp := h.post("/v1/chat/completions", tenantKey,

@@ -54,7 +54,7 @@ func (g *gatedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestSessionOrder(t *testing.T) {
 	const sessions, turns = 3, 30
 	backend := lockmemory.New(clock.Real{})
-	h, up := gatedHarness(t, func(o *Options, h *harness) { o.Locker = lock.New(backend) })
+	h, up := gatedHarness(t, func(o *Options, h *harness) { o.Sessions.Locker = lock.New(backend) })
 	body := func(s, k int) string {
 		return fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":5,"messages":[{"role":"user","content":"session %d turn %d"}]}`, s, k)
 	}
@@ -147,7 +147,7 @@ func TestSessionWaiterLeaves(t *testing.T) {
 	for name, newBackend := range sessionBackends(t) {
 		t.Run(name, func(t *testing.T) {
 			backend := newBackend(t)
-			h, up := gatedHarness(t, func(o *Options, h *harness) { o.Locker = lock.New(backend) })
+			h, up := gatedHarness(t, func(o *Options, h *harness) { o.Sessions.Locker = lock.New(backend) })
 			t.Cleanup(up.open)
 			first := make(chan int, 1)
 			go func() {
@@ -192,8 +192,8 @@ func TestSessionWaiterLeaves(t *testing.T) {
 // header, or the body's user field with x-llmgate-session: user.
 func TestSessionID(t *testing.T) {
 	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
-		o.Locker = lock.New(lockmemory.New(clock.Real{}))
-		o.SessionHeader = "x-conversation"
+		o.Sessions.Locker = lock.New(lockmemory.New(clock.Real{}))
+		o.Sessions.Header = "x-conversation"
 	}})
 	withUser := func(u string) string {
 		return `{"model":"gpt-4.1","user":` + u + `,"messages":[{"role":"user","content":"hi"}]}`

@@ -41,7 +41,7 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 // finish, when most return before it.
 func (g *Gateway) finishInBackground(c *call, adm admitted, res budget.Reservation, usage *openai.Usage, settleLimits bool) {
 	model := adm.dep.Model
-	g.background(settleTimeout, func(ctx context.Context) {
+	g.workers.run(settleTimeout, func(ctx context.Context) {
 		if settleLimits {
 			g.settleLimits(ctx, c, adm, usage)
 		}
@@ -143,7 +143,7 @@ func (g *Gateway) settleRefused(adm admitted) {
 			actual[i] = ch.Cost
 		}
 	}
-	g.background(settleTimeout, func(ctx context.Context) {
+	g.workers.run(settleTimeout, func(ctx context.Context) {
 		if err := g.opt.Limiter.Settle(ctx, adm.decision.ID, actual); err != nil {
 			g.log.Warn("rate-limit settle of a refused request failed; the reservation expires by itself", "err", err)
 		}
@@ -155,7 +155,7 @@ func (g *Gateway) refund(adm admitted) {
 	if adm.decision.ID == "" {
 		return
 	}
-	g.background(settleTimeout, func(ctx context.Context) {
+	g.workers.run(settleTimeout, func(ctx context.Context) {
 		if err := g.opt.Limiter.Refund(ctx, adm.decision.ID); err != nil {
 			g.log.Warn("rate-limit refund failed; the reservation expires by itself", "err", err)
 		}
@@ -163,7 +163,7 @@ func (g *Gateway) refund(adm admitted) {
 }
 
 func (g *Gateway) releaseBudget(res budget.Reservation) {
-	g.background(settleTimeout, func(ctx context.Context) {
+	g.workers.run(settleTimeout, func(ctx context.Context) {
 		if err := g.opt.Budgets.Release(ctx, res); err != nil {
 			g.log.Warn("budget release failed; the hold expires by itself", "err", err)
 		}
@@ -182,7 +182,7 @@ func (g *Gateway) Close(ctx context.Context) error {
 	g.usage.flushNow()
 	// Settles are done: the limiter's local blocks can all go back. Work
 	// started after this runs on goroutines of its own.
-	g.stopBackground()
+	g.workers.close()
 	g.keeper.close()
 	return g.opt.Limiter.Close(ctx)
 }

@@ -17,12 +17,8 @@ import (
 	"github.com/llmgate/llmgate/internal/respcache"
 )
 
-// Defaults of the sharing options.
 const (
-	DefaultDedupRetain    = 10 * time.Second
-	DefaultIdempotencyTTL = 24 * time.Hour
-	DefaultCacheMaxTTL    = 24 * time.Hour
-	maxIdempotencyKeyLen  = 256
+	maxIdempotencyKeyLen = 256
 	// maxRecordBytes bounds an answer kept for the cache.
 	maxRecordBytes = 8 << 20
 )
@@ -59,12 +55,12 @@ func (c *call) contentHash() (string, error) {
 // come from the cache (cached), so that a miss by many callers at once is
 // one upstream call. nil means c runs alone.
 func (g *Gateway) flightFor(r *http.Request, c *call, cached bool) (*flight, *apiError) {
-	if g.opt.Dedup == nil {
+	if g.opt.Dedup.Group == nil {
 		return nil, nil
 	}
 	idem := r.Header.Get("Idempotency-Key")
-	auto := (g.opt.DedupDeterministic && c.req.Temperature != nil && *c.req.Temperature == 0) ||
-		g.opt.DedupModels[c.req.Model] || c.tenant.Dedup || cached
+	auto := (g.opt.Dedup.Deterministic && c.req.Temperature != nil && *c.req.Temperature == 0) ||
+		g.opt.Dedup.Models[c.req.Model] || c.tenant.Dedup || cached
 	if idem == "" && !auto {
 		return nil, nil
 	}
@@ -77,9 +73,9 @@ func (g *Gateway) flightFor(r *http.Request, c *call, cached bool) (*flight, *ap
 			return nil, errf(http.StatusBadRequest, openai.TypeInvalidRequest, "invalid_header", "idempotency-key",
 				"The Idempotency-Key must be at most %d printable characters.", maxIdempotencyKeyLen)
 		}
-		return &flight{key: "idem:" + c.tenant.Name + ":" + idem, fingerprint: hash, retain: g.opt.IdempotencyTTL, idempotent: true}, nil
+		return &flight{key: "idem:" + c.tenant.Name + ":" + idem, fingerprint: hash, retain: g.opt.Dedup.IdempotencyTTL, idempotent: true}, nil
 	}
-	return &flight{key: "auto:" + c.tenant.Name + ":" + hash, fingerprint: hash, retain: g.opt.DedupRetain}, nil
+	return &flight{key: "auto:" + c.tenant.Name + ":" + hash, fingerprint: hash, retain: g.opt.Dedup.Retain}, nil
 }
 
 // share runs c through its flight: as the leader it runs the pipeline and
@@ -97,7 +93,7 @@ func (g *Gateway) share(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			}
 			return
 		}
-		leader, follower, err := g.opt.Dedup.Join(ctx, fl.key, fl.fingerprint, fl.retain)
+		leader, follower, err := g.opt.Dedup.Group.Join(ctx, fl.key, fl.fingerprint, fl.retain)
 		switch {
 		case errors.Is(err, dedup.ErrConflict):
 			c.outcome = "conflict"

@@ -34,7 +34,7 @@ func (s *stallingFinish) Finish(ctx context.Context, key string, gen uint64, ret
 func TestLeaderAnswerNotHeldByFinish(t *testing.T) {
 	release := make(chan struct{})
 	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
-		o.Dedup = dedup.New(&stallingFinish{Backend: dedupmemory.New(clock.Real{}), release: release}, dedup.Options{LeaseTTL: time.Second})
+		o.Dedup.Group = dedup.New(&stallingFinish{Backend: dedupmemory.New(clock.Real{}), release: release}, dedup.Options{LeaseTTL: time.Second})
 	}})
 	defer close(release)
 	type answer struct {

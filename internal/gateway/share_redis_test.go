@@ -51,7 +51,7 @@ func TestDedupStreamLiveAcrossReplicas(t *testing.T) {
 			for i := range o.Deployments {
 				o.Deployments[i].Target.BaseURL = up.URL + "/v1"
 			}
-			o.Dedup = dedup.New(dedupredis.New(rds.Client(t), dedupredis.Config{}), dedup.Options{LeaseTTL: time.Second})
+			o.Dedup.Group = dedup.New(dedupredis.New(rds.Client(t), dedupredis.Config{}), dedup.Options{LeaseTTL: time.Second})
 		}})
 	}
 	a, b := replica(), replica()

@@ -239,7 +239,7 @@ func TestCacheStoresOnlyComplete(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, harnessConfig{sim: tc.sim, edit: func(o *Options, h *harness) {
 				h.teamA.Cache = &TenantCache{TTL: time.Minute}
-				o.CacheLength = tc.cacheLength
+				o.Cache.Length = tc.cacheLength
 			}})
 			resp := h.post("/v1/chat/completions", tenantKey, tc.body)
 			b, _ := io.ReadAll(resp.Body)
@@ -256,7 +256,7 @@ func TestCacheStoresOnlyComplete(t *testing.T) {
 			if err := h.gw.Close(t.Context()); err != nil { // the fill is in the background
 				t.Fatal(err)
 			}
-			if n := h.gw.opt.Cache.(*respcache.Memory).Len(); n != tc.want {
+			if n := h.gw.opt.Cache.Store.(*respcache.Memory).Len(); n != tc.want {
 				t.Fatalf("%d cache entries, want %d", n, tc.want)
 			}
 		})
@@ -359,7 +359,7 @@ func TestSharingPerEndpoint(t *testing.T) {
 // TestFlightTriggers: which requests share an upstream call.
 func TestFlightTriggers(t *testing.T) {
 	h := newHarness(t, harnessConfig{edit: func(o *Options, h *harness) {
-		o.DedupModels = map[string]bool{"gpt-4.1-mini": true}
+		o.Dedup.Models = map[string]bool{"gpt-4.1-mini": true}
 		h.batch.Dedup = true
 	}})
 	cases := []struct {

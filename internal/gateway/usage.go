@@ -8,9 +8,6 @@ import (
 	"github.com/llmgate/llmgate/budget"
 )
 
-// DefaultUsageFlushInterval is the default of Options.UsageFlushInterval.
-const DefaultUsageFlushInterval = 100 * time.Millisecond
-
 // usageBatch collects usage records that hold no budget.
 type usageBatch struct {
 	g *Gateway
@@ -50,7 +47,7 @@ func (u *usageBatch) add(res budget.Reservation, rec budget.Record) {
 	row.rec.Usage.CachedTokens += rec.Usage.CachedTokens
 	if !u.armed {
 		u.armed = true
-		u.timer = time.AfterFunc(u.g.opt.UsageFlushInterval, u.flush)
+		u.timer = time.AfterFunc(u.g.opt.Admission.UsageFlushInterval, u.flush)
 	}
 }
 

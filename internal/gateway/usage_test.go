@@ -44,7 +44,7 @@ func countingHarness(t *testing.T, edit func(*harness)) (*harness, *countingBudg
 			t.Fatal(err)
 		}
 		o.Budgets, h.budgets = bm, bm
-		o.UsageFlushInterval = time.Hour
+		o.Admission.UsageFlushInterval = time.Hour
 		if edit != nil {
 			edit(h)
 		}
