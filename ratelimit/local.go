@@ -508,6 +508,44 @@ func (q *localQuota) settle(ctx context.Context, id string, actual []int64) (han
 		q.mu.Unlock()
 		return true, nil
 	}
+	b := h.settleLocked(actual)
+	var ret *block
+	if b.retired || !q.clk.Now().Before(b.until) {
+		ret = q.retireLocked(b)
+	}
+	q.mu.Unlock()
+	if ret != nil {
+		q.giveBack(ctx, ret)
+	}
+	return true, nil
+}
+
+// settleNow settles a locally admitted request if that needs no store call
+// (its block stays in use). held false means id is not one; done false
+// means it is, but the block must go back to the store: nothing was done,
+// and settle does it all.
+func (q *localQuota) settleNow(id string, actual []int64) (held, done bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	h := q.held[id]
+	switch {
+	case h == nil:
+		// A local ID no longer held was settled with its block.
+		return strings.HasPrefix(id, localPrefix), true
+	case h.settled:
+		return true, true
+	}
+	b := h.blk
+	if b.retired || !q.clk.Now().Before(b.until) {
+		return true, false
+	}
+	h.settleLocked(actual)
+	return true, true
+}
+
+// settleLocked charges h's block actual instead of h's estimates (nil
+// refunds them) and returns the block. q.mu must be held.
+func (h *localHold) settleLocked(actual []int64) *block {
 	h.settled = true
 	b := h.blk
 	for i, est := range h.cost {
@@ -521,15 +559,7 @@ func (q *localQuota) settle(ctx context.Context, id string, actual []int64) (han
 		b.used[i] += a - est
 	}
 	b.outstanding--
-	var ret *block
-	if b.retired || !q.clk.Now().Before(b.until) {
-		ret = q.retireLocked(b)
-	}
-	q.mu.Unlock()
-	if ret != nil {
-		q.giveBack(ctx, ret)
-	}
-	return true, nil
+	return b
 }
 
 // extend keeps the block of a locally admitted request alive for hold.

@@ -477,3 +477,83 @@ func TestLocalQuotaConcurrentMix(t *testing.T) {
 		}
 	}
 }
+
+// TestSettleNow: SettleNow settles on the spot what needs no store call (a
+// request from a block still in use), exactly as Settle would; it leaves a
+// request whose block must go back, and one the store holds, to Settle.
+func TestSettleNow(t *testing.T) {
+	ctx := context.Background()
+	l, _, clk := newLocal(t, ratelimit.LocalQuota{})
+	const n, est, used = 200, 100, 37
+	now, later := 0, 0
+	for i := range n {
+		d, err := l.Allow(ctx, gatewayLike(1_000_000, 1_000_000_000, est))
+		if err != nil || !d.Allowed {
+			t.Fatalf("request %d: %+v, %v", i, d, err)
+		}
+		if i%50 == 49 {
+			clk.Advance(ratelimit.DefaultLocalWindow) // this request's block has ended
+		}
+		done, err := l.SettleNow(d.ID, []int64{1, used, 1})
+		if err != nil {
+			t.Fatalf("SettleNow %d: %v", i, err)
+		}
+		if done {
+			now++
+			if again, err := l.SettleNow(d.ID, []int64{1, 0, 1}); !again || err != nil {
+				t.Fatalf("a second SettleNow of %d: %v, %v; want a no-op", i, again, err)
+			}
+			continue
+		}
+		later++
+		if err := l.Settle(ctx, d.ID, []int64{1, used, 1}); err != nil {
+			t.Fatalf("settle %d: %v", i, err)
+		}
+	}
+	if now < n*9/10 || later == 0 {
+		t.Errorf("%d settled now and %d by Settle, want most now and those of ended blocks later", now, later)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The tokens refilled while the clock moved; the requests less than one.
+	refill := int64(1_000_000_000 * (n / 50 * ratelimit.DefaultLocalWindow) / window)
+	got := probe(t, l, gatewayLike(1_000_000, 1_000_000_000, 0), "probe")
+	want := []int64{1_000_000 - n, 1_000_000_000 - n*used + refill, 1_000_000 - n}
+	for i := range want {
+		if got[i] < want[i]-1 || got[i] > want[i]+1 {
+			t.Errorf("limit %d: store has %d left, want %d", i, got[i], want[i])
+		}
+	}
+
+	// Without blocks: the store's own reservation. The memory backend is
+	// in this process, so SettleNow settles it; behind a wrapper that is
+	// not an InProcessBackend it is left to Settle.
+	for _, tc := range []struct {
+		name    string
+		backend ratelimit.Backend
+		now     bool
+	}{
+		{"in process", memory.New(clk), true},
+		{"store", &countingBackend{Backend: memory.New(clk)}, false},
+	} {
+		l := ratelimit.New(tc.backend, ratelimit.WithClock(clk))
+		d, err := l.Allow(ctx, gatewayLike(10, 1000, est))
+		if err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v, %v", tc.name, d, err)
+		}
+		done, err := l.SettleNow(d.ID, []int64{1, used, 1})
+		if done != tc.now || err != nil {
+			t.Errorf("%s: SettleNow = %v, %v; want %v", tc.name, done, err, tc.now)
+		}
+		if !done {
+			if err := l.Settle(ctx, d.ID, []int64{1, used, 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := probe(t, l, gatewayLike(10, 1000, 0), "probe-"+tc.name); got[1] != 1000-used {
+			t.Errorf("%s: %d tokens left, want %d", tc.name, got[1], 1000-used)
+		}
+		_ = l.Close(ctx)
+	}
+}

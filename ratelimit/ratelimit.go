@@ -259,6 +259,14 @@ type Backend interface {
 	Learn(ctx context.Context, scope string, l Limit, x Learned) error
 }
 
+// InProcessBackend is a Backend whose state lives in this process (the
+// memory backend): its calls cost no round trip, so the Limiter makes
+// them on the caller's goroutine (see SettleNow).
+type InProcessBackend interface {
+	Backend
+	InProcess()
+}
+
 // DefaultLearnTTL is how long a learned limit holds unless it is learned
 // again: long enough to span a provider's retry-afters, short enough that
 // a raised quota is picked up again.
@@ -692,6 +700,31 @@ func (l *Limiter) Settle(ctx context.Context, id string, actual []int64) error {
 		}
 	}
 	return l.b.Settle(ctx, id, actual)
+}
+
+// SettleNow is Settle when it costs no store round trip: the request was
+// admitted from a local quota block that stays in use, or the backend is in
+// this process (InProcessBackend). It reports false, having done nothing,
+// when settling needs the store: the caller then calls Settle, off its hot
+// path.
+func (l *Limiter) SettleNow(id string, actual []int64) (bool, error) {
+	if actual == nil {
+		actual = []int64{}
+	}
+	for _, a := range actual {
+		if a < 0 {
+			return true, fmt.Errorf("%w: negative actual cost %d", ErrInvalid, a)
+		}
+	}
+	if l.local != nil {
+		if held, done := l.local.settleNow(id, actual); held {
+			return done, nil
+		}
+	}
+	if _, ok := l.b.(InProcessBackend); ok {
+		return true, l.b.Settle(context.Background(), id, actual)
+	}
+	return false, nil
 }
 
 // Refund gives back everything an admitted request reserved (it never

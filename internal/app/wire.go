@@ -271,7 +271,6 @@ func (a *App) gatewayOptions(cfg *config.Config, st *stores, up *provider.Client
 			MaxTTL: cfg.Cache.MaxTTL,
 			Length: cfg.Cache.CacheLength,
 		},
-		InProcessLimiter: storeurl.IsMemory(cfg.Store),
 	}
 	if cfg.MaxWait == 0 {
 		opt.Admission.MaxWait = -1 // configured as "never wait"

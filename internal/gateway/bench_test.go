@@ -72,12 +72,11 @@ func BenchmarkServeChat(b *testing.B) {
 	gw, err := New(Options{
 		Route: func(string) ([]string, bool) { return []string{"sim/gpt-4.1-mini"}, true },
 		// As llmgate serve wires the memory store.
-		Limiter:          ratelimit.New(rlmemory.New(clock.Real{}), ratelimit.WithLocalQuota(ratelimit.LocalQuota{})),
-		Budgets:          bm,
-		InProcessLimiter: true,
-		Upstream:         up,
-		Tenants:          map[string]*Tenant{sha(tenantKey): {Name: "bench", Limits: huge}},
-		Logger:           slog.New(slog.DiscardHandler),
+		Limiter:  ratelimit.New(rlmemory.New(clock.Real{}), ratelimit.WithLocalQuota(ratelimit.LocalQuota{})),
+		Budgets:  bm,
+		Upstream: up,
+		Tenants:  map[string]*Tenant{sha(tenantKey): {Name: "bench", Limits: huge}},
+		Logger:   slog.New(slog.DiscardHandler),
 		Deployments: []Deployment{{
 			Name: "sim/gpt-4.1-mini", Provider: "sim", Model: "gpt-4.1-mini", Limits: huge,
 			Target: provider.Target{Name: "sim/gpt-4.1-mini", BaseURL: "http://127.0.0.1:1/v1", APIKey: providerKey},

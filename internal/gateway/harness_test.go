@@ -175,7 +175,6 @@ func newHarness(t *testing.T, hc harnessConfig) *harness {
 			return nil, false
 		},
 		Limiter:          ratelimit.New(rlmemory.New(clock.Real{})),
-		InProcessLimiter: true, // as llmgate serve sets it on the memory store
 		Budgets:          bm,
 		Upstream:         up,
 		Tenants:          map[string]*Tenant{sha(tenantKey): h.teamA, sha(batchKey): h.batch},

@@ -123,13 +123,6 @@ type Options struct {
 	Dedup     DedupOptions
 	Cache     CacheOptions
 
-	// InProcessLimiter says Limiter's store is in this process (the memory
-	// store): a finished request's limits are then settled on its own
-	// goroutine once its answer is out, which costs less than handing the
-	// work to a background worker. Budget settles stay in the background
-	// (the memory budget store waits for the disk).
-	InProcessLimiter bool
-
 	// AdminTokenSHA256 is the hex SHA-256 of the admin API token; empty
 	// disables /admin/.
 	AdminTokenSHA256 string

@@ -58,7 +58,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	body, err := readAnswer(resp)
 	if err != nil || len(body) > maxAnswerBytes {
 		g.opt.Upstream.ReportFailure(&adm.dep.Target)
-		g.finish(c, adm, res, nil, false)
+		g.finish(c, adm, res, nil)
 		if ctx.Err() != nil {
 			g.cancelled(c, ctx).Write(w)
 			return
@@ -83,7 +83,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 			}
 		}
 		g.sessionLost(c, "answer", "withheld").Write(w)
-		g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body), false)
+		g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body))
 		return
 	}
 	body = g.redact.Bytes(body) // error messages quote keys back
@@ -98,7 +98,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	} else {
 		c.outcome = "upstream_" + statusClass(resp.StatusCode)
 	}
-	g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body), false)
+	g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body))
 }
 
 // answerUsage is what a non-streamed answer with status used: its usage,
@@ -245,7 +245,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 		// output chunks streamed so far (about one token each).
 		usage = &openai.Usage{PromptTokens: c.promptEstimate, CompletionTokens: content}
 	}
-	g.finish(c, adm, res, usage, true)
+	g.finish(c, adm, res, usage)
 }
 
 // nullUsage is the member a provider adds to every chunk of a stream asked

@@ -24,7 +24,7 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *api
 	_ = rc.SetReadDeadline(time.Now().Add(g.opt.HTTP.BodyTimeout))
 	size := 4096
 	if r.ContentLength > 0 {
-		size = int(r.ContentLength) + 1 // +1 so ReadAll sees EOF without growing
+		size = int(r.ContentLength) + 1 // +1: room to read EOF without growing the buffer
 	}
 	buf := make([]byte, 0, size)
 	lr := http.MaxBytesReader(w, r.Body, g.opt.HTTP.MaxBodyBytes)

@@ -13,26 +13,23 @@ import (
 // finish records a relayed request: the rate limits are settled with the
 // real token count and the budget is charged (or released when usage is nil:
 // the provider refused the request). It runs after the answer reached the
-// client, in the background (the limits on the caller's goroutine with
-// Options.InProcessLimiter); Close waits for it.
-func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *openai.Usage, stream bool) {
-	model := adm.dep.Model
+// client: on the caller's goroutine what needs no store call (the limits,
+// most of the time, and the usage of a tenant without a budget cap, which
+// is batched), the rest in the background; Close waits for it.
+func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *openai.Usage) {
 	if usage != nil {
-		g.metrics.tokensUsed(c.tenant.Name, model, adm.dep.Name, usage.PromptTokens, usage.CompletionTokens)
+		g.metrics.tokensUsed(c.tenant.Name, adm.dep.Model, adm.dep.Name, usage.PromptTokens, usage.CompletionTokens)
 		g.learnCompletion(c, usage)
 	}
-	inline := g.opt.InProcessLimiter
-	if inline {
-		g.settleLimits(context.Background(), c, adm, usage)
-		switch {
-		case usage == nil && res.Hold == (budget.Amount{}):
-			return // nothing held, nothing to record
-		case usage != nil && !c.tenant.capped():
-			g.usage.add(res, g.usageRecord(adm, usage))
-			return
-		}
+	limitsDone := g.settleLimitsNow(c, adm, usage)
+	switch {
+	case limitsDone && usage == nil && res.Hold == (budget.Amount{}):
+		return // nothing held, nothing to record
+	case limitsDone && usage != nil && !c.tenant.capped():
+		g.usage.add(res, g.usageRecord(adm, usage))
+		return
 	}
-	g.finishInBackground(c, adm, res, usage, !inline)
+	g.finishInBackground(c, adm, res, usage, !limitsDone)
 }
 
 // finishInBackground is finish's work on a background worker (the limits
@@ -40,7 +37,6 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 // closure captures would otherwise be moved to the heap on every call of
 // finish, when most return before it.
 func (g *Gateway) finishInBackground(c *call, adm admitted, res budget.Reservation, usage *openai.Usage, settleLimits bool) {
-	model := adm.dep.Model
 	g.workers.run(settleTimeout, func(ctx context.Context) {
 		if settleLimits {
 			g.settleLimits(ctx, c, adm, usage)
@@ -64,7 +60,7 @@ func (g *Gateway) finishInBackground(c *call, adm admitted, res budget.Reservati
 			g.log.Error("usage could not be recorded", "request_id", c.id, "tenant", c.tenant.Name, "err", err)
 			return
 		}
-		g.metrics.cost.WithLabelValues(c.tenant.Name, model).Add(float64(s.Record.MicroUSD) / 1e6)
+		g.metrics.cost.WithLabelValues(c.tenant.Name, adm.dep.Model).Add(float64(s.Record.MicroUSD) / 1e6)
 	})
 }
 
@@ -108,6 +104,26 @@ func (g *Gateway) settleLimits(ctx context.Context, c *call, adm admitted, usage
 	if adm.decision.ID == "" {
 		return
 	}
+	if err := g.opt.Limiter.Settle(ctx, adm.decision.ID, actualCosts(adm, usage)); err != nil {
+		g.log.Warn("rate-limit settle failed; the estimate stands", "request_id", c.id, "err", err)
+	}
+}
+
+// settleLimitsNow is settleLimits when it needs no store call; it reports
+// false, having done nothing, when it does.
+func (g *Gateway) settleLimitsNow(c *call, adm admitted, usage *openai.Usage) bool {
+	if adm.decision.ID == "" {
+		return true
+	}
+	done, err := g.opt.Limiter.SettleNow(adm.decision.ID, actualCosts(adm, usage))
+	if err != nil {
+		g.log.Warn("rate-limit settle failed; the estimate stands", "request_id", c.id, "err", err)
+	}
+	return done
+}
+
+// actualCosts is what adm's charges really cost given usage.
+func actualCosts(adm admitted, usage *openai.Usage) []int64 {
 	actual := make([]int64, len(adm.charges))
 	used := int64(0)
 	if usage != nil {
@@ -121,9 +137,7 @@ func (g *Gateway) settleLimits(ctx context.Context, c *call, adm admitted, usage
 			actual[i] = ch.Cost
 		}
 	}
-	if err := g.opt.Limiter.Settle(ctx, adm.decision.ID, actual); err != nil {
-		g.log.Warn("rate-limit settle failed; the estimate stands", "request_id", c.id, "err", err)
-	}
+	return actual
 }
 
 // settleRefused settles an admission whose request the provider refused

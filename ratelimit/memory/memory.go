@@ -46,7 +46,11 @@ type Backend struct {
 	seeds       [2]maphash.Seed // of settledKey
 }
 
-var _ ratelimit.Backend = (*Backend)(nil)
+var _ ratelimit.InProcessBackend = (*Backend)(nil)
+
+// InProcess marks the backend as one in this process (see
+// ratelimit.InProcessBackend).
+func (*Backend) InProcess() {}
 
 type bucket struct {
 	level float64
