@@ -77,7 +77,17 @@ func (c *call) priceModel() string {
 	return t
 }
 
-// serve runs the pipeline for one of the proxied POST endpoints.
+// serve runs the pipeline for one of the proxied POST endpoints, stage by
+// stage, each in its own file:
+//
+//	prepare      request.go, auth.go  authenticate, read, parse, route, estimate
+//	serveCached  cache.go             an answer from the response cache
+//	share        share.go             one upstream call for identical requests
+//	runLocked    session.go           the session's turn
+//	run          upstream.go          budget and limits (admit.go), the call
+//	                                  with its fallbacks, kept reservations
+//	                                  (keeper.go), the answer (relay.go)
+//	finish       settle.go            what was used, charged after the answer
 func (g *Gateway) serve(rw http.ResponseWriter, r *http.Request, ep openai.Endpoint) {
 	cw := newClientWriter(rw, g.opt.HTTP.WriteTimeout, g.metrics.clientTimeout.WithLabelValues("write").Inc)
 	defer cw.release()
