@@ -245,6 +245,7 @@ func (a *App) gatewayOptions(cfg *config.Config, st *stores, up *provider.Client
 			MaxWait:         cfg.MaxWait,
 			ReservationHold: cfg.RateLimit.ReservationHold,
 			FailClosed:      cfg.RateLimit.FailClosed,
+			SlowStart:       slowStart(cfg.RateLimit.SlowStartWindow()),
 		},
 		HTTP: gateway.HTTPOptions{
 			MaxBodyBytes:        int64(cfg.MaxBodyBytes),
@@ -322,6 +323,15 @@ func (a *App) gatewayOptions(cfg *config.Config, st *stores, up *provider.Client
 		opt.MetricsTokenSHA256 = tokenHash(a.Getenv(cfg.MetricsTokenEnv))
 	}
 	return opt, nil
+}
+
+// slowStart is the gateway's slow-start option for a configured window,
+// where 0 means off.
+func slowStart(window int64) int64 {
+	if window == 0 {
+		return -1
+	}
+	return window
 }
 
 // set is the set of names, or nil when there are none.

@@ -499,6 +499,19 @@ type RateLimitStore struct {
 	// part goes back: how long another replica's cooldown can go unnoticed.
 	// Default DefaultLocalWindow.
 	LocalWindow time.Duration `yaml:"local_window"`
+	// SlowStart is how many requests each deployment may have in flight,
+	// across replicas, until its provider has reported its limits (see
+	// gateway.AdmissionOptions.SlowStart); 0 turns slow start off. Default
+	// DefaultSlowStart.
+	SlowStart *int64 `yaml:"slow_start"`
+}
+
+// SlowStartWindow is the slow-start window (0: off).
+func (r RateLimitStore) SlowStartWindow() int64 {
+	if r.SlowStart == nil {
+		return DefaultSlowStart
+	}
+	return *r.SlowStart
 }
 
 // LocalQuotaOn reports whether local quota blocks are on (the default).
@@ -508,6 +521,7 @@ func (r RateLimitStore) LocalQuotaOn() bool { return r.LocalQuota == nil || *r.L
 const (
 	DefaultReservationHold = 10 * time.Second
 	DefaultLocalWindow     = 100 * time.Millisecond
+	DefaultSlowStart       = 4
 )
 
 // Sessions configures conversation ordering: requests carrying the same

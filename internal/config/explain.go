@@ -74,6 +74,11 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string, extra ...strin
 	} else {
 		row("local quota", "off: every admission is a store round trip")
 	}
+	if w := c.RateLimit.SlowStartWindow(); w > 0 {
+		row("slow start", "until a provider reports its limits, at most %d requests in flight per deployment across replicas, one more per success", w)
+	} else {
+		row("slow start", "off: the configured limits apply from the first request")
+	}
 	dd := "off for temperature 0"
 	if c.Dedup.DeterministicOn() {
 		dd = "temperature-0 requests"

@@ -179,6 +179,9 @@ func (v *validator) top() {
 	if d := c.RateLimit.LocalWindow; d < 10*time.Millisecond || d > 10*time.Second {
 		v.add("ratelimit.local_window", "is %v; must be between 10ms and 10s, e.g. 100ms", d)
 	}
+	if w := c.RateLimit.SlowStartWindow(); w < 0 || w > 1000 {
+		v.add("ratelimit.slow_start", "is %d; must be between 0 (off) and 1000, e.g. 4", w)
+	}
 	if ttl := c.Sessions.TTL; ttl < time.Second {
 		v.add("sessions.ttl", "is %v; must be at least 1s (the lease is renewed every third of it), e.g. 10s", ttl)
 	}

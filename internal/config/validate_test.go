@@ -75,6 +75,8 @@ tenants:
 			[]string{`ratelimit.local_window: is 1ms; must be between 10ms and 10s, e.g. 100ms`}},
 		{"local window too long", P + "ratelimit: {local_window: 1m}", nil,
 			[]string{`ratelimit.local_window: is 1m; must be between 10ms and 10s, e.g. 100ms`}},
+		{"negative slow start", P + "ratelimit: {slow_start: -1}", nil,
+			[]string{`ratelimit.slow_start: is -1; must be between 0 (off) and 1000, e.g. 4`}},
 		{"negative reservation ttl", P + "budget: {reservation_ttl: -1m}", nil,
 			[]string{`budget.reservation_ttl: is -1m; must be at least 1s (running requests renew their holds every third of it), e.g. 30s`}},
 		{"reservation ttl too short", P + "budget: {reservation_ttl: 500ms}", nil,

@@ -177,7 +177,7 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 func (g *Gateway) wait(ctx context.Context, c *call, dep *deployment, req ratelimit.Request) (admitted, *apiError) {
 	req.MaxWait = c.maxWait
 	start := time.Now()
-	d, err := g.opt.Limiter.Wait(ctx, req)
+	d, err := g.limiterWait(ctx, c, dep, &req, start)
 	waited := time.Since(start)
 	g.metrics.admissionWait.Observe(waited.Seconds())
 	if err == nil {
@@ -188,6 +188,39 @@ func (g *Gateway) wait(ctx context.Context, c *call, dep *deployment, req rateli
 		return admitted{}, g.limited(c, d, waited)
 	}
 	return admitted{}, g.limiterError(ctx, c, err)
+}
+
+// errSlowStartOver ends the wait of a request queued behind a slow-start
+// window that has closed.
+var errSlowStartOver = errors.New("gateway: slow start over")
+
+// limiterWait is Limiter.Wait, except that a request queued behind dep's
+// slow-start window goes back to the queue without it when the slow start
+// ends: the window's permits are held by requests that may run for minutes
+// (streams), and nothing needs the window any more.
+func (g *Gateway) limiterWait(ctx context.Context, c *call, dep *deployment, req *ratelimit.Request, start time.Time) (ratelimit.Decision, error) {
+	for {
+		over := dep.inSlowStart(req.Charges)
+		if over == nil {
+			return g.opt.Limiter.Wait(ctx, *req)
+		}
+		wctx, cancel := context.WithCancelCause(ctx)
+		go func() {
+			select {
+			case <-over:
+				cancel(errSlowStartOver)
+			case <-wctx.Done():
+			}
+		}()
+		d, err := g.opt.Limiter.Wait(wctx, *req)
+		overNow := errors.Is(context.Cause(wctx), errSlowStartOver)
+		cancel(nil)
+		if err == nil || !overNow || ctx.Err() != nil {
+			return d, err
+		}
+		req.Charges = g.chargesFor(c, dep)
+		req.MaxWait = max(c.maxWait-time.Since(start), time.Millisecond)
+	}
 }
 
 // limited is the 429 of a request the limits did not admit in time.

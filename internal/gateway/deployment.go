@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +31,13 @@ type deployment struct {
 	learned [2]learnedLimit
 	// sharing is set while learned limits are being shared outside a 429.
 	sharing atomic.Bool
+	// slowStart is how many requests may be in flight on the deployment,
+	// across replicas, until its provider first answers this replica (see
+	// Options.Admission.SlowStart); 0 after that, or when slow start is
+	// off. slowStartOver is closed when it ends.
+	slowStart     atomic.Int64
+	slowStartOver chan struct{}
+	endSlowOnce   sync.Once
 }
 
 // Indexes of deployment.learned.
@@ -94,10 +102,44 @@ func providerLimits(f provider.Feedback) [2]reportedLimit {
 	return out
 }
 
-func newDeployment(d *Deployment) *deployment {
-	dep := &deployment{Deployment: d, scope: "dep:" + d.Name, nameHeader: []string{d.Name}}
+func newDeployment(d *Deployment, slowStart int64) *deployment {
+	dep := &deployment{Deployment: d, scope: "dep:" + d.Name, nameHeader: []string{d.Name}, slowStartOver: make(chan struct{})}
 	dep.headroom.Store(1e6)
+	if slowStart > 0 {
+		dep.slowStart.Store(slowStart)
+	} else {
+		dep.endSlowStart()
+	}
 	return dep
+}
+
+// slowStartScope is the scope of the deployment's slow-start window: one
+// concurrency limit shared by every replica.
+func (d *deployment) slowStartScope() string { return d.scope + "#slow-start" }
+
+// endSlowStart ends the slow start: the provider answered, with its limits
+// in x-ratelimit-* headers or a 429 (which the shared limits now keep to),
+// or without a word about them (then waiting longer would not tell more).
+func (d *deployment) endSlowStart() {
+	d.endSlowOnce.Do(func() {
+		d.slowStart.Store(0)
+		close(d.slowStartOver)
+	})
+}
+
+// inSlowStart returns the channel closed when the slow start ends if ch
+// holds its window's charge, else nil.
+func (d *deployment) inSlowStart(ch []ratelimit.Charge) <-chan struct{} {
+	if d.slowStart.Load() == 0 {
+		return nil
+	}
+	scope := d.slowStartScope()
+	for i := range ch {
+		if ch[i].Scope == scope {
+			return d.slowStartOver
+		}
+	}
+	return nil
 }
 
 // learn records the remaining quota a decision reported for this
@@ -215,7 +257,11 @@ func (d *deployment) charges(dst []ratelimit.Charge, tokens int64) []ratelimit.C
 	if !l.any() {
 		l.RPM = unlimitedRPM
 	}
-	return appendCharges(dst, d.scope, l, tokens)
+	dst = appendCharges(dst, d.scope, l, tokens)
+	if w := d.slowStart.Load(); w > 0 {
+		dst = append(dst, ratelimit.Charge{Scope: d.slowStartScope(), Limit: ratelimit.Limit{Kind: ratelimit.Concurrency, Limit: w}, Cost: 1})
+	}
+	return dst
 }
 
 // appendCharges appends scope's limits. A token estimate above a whole

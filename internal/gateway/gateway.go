@@ -107,7 +107,7 @@ func New(opt Options) (*Gateway, error) {
 			return nil, fmt.Errorf("gateway: two deployments are named %q", d.Name)
 		}
 		seen[d.Name] = true
-		dep := newDeployment(d)
+		dep := newDeployment(d, opt.Admission.SlowStart)
 		g.deps = append(g.deps, dep)
 		g.byName[d.Name] = dep
 		key := d.Provider + "/" + d.Model

@@ -200,7 +200,7 @@ func TestProviderLimits(t *testing.T) {
 // new, on every 429, and again half a learnTTL later; one at or above it
 // once (it replaces a lower one any replica shared), then not again.
 func TestShareDue(t *testing.T) {
-	d := newDeployment(&Deployment{Name: "x", Limits: Limits{RPM: 100}})
+	d := newDeployment(&Deployment{Name: "x", Limits: Limits{RPM: 100}}, 0)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	step := func(v int64, at time.Time, on429, want bool) {
 		t.Helper()
@@ -234,7 +234,7 @@ func TestShareDue(t *testing.T) {
 // TestLearnedLimitExpires: a limit the provider reported holds this
 // replica's charges to it for learnTTL, then the configured one applies.
 func TestLearnedLimitExpires(t *testing.T) {
-	d := newDeployment(&Deployment{Name: "x", Limits: Limits{RPM: 100, TPM: 10_000}})
+	d := newDeployment(&Deployment{Name: "x", Limits: Limits{RPM: 100, TPM: 10_000}}, 0)
 	now := time.Now()
 	d.learnProvider([2]reportedLimit{{5, 0}, {-1, -1}}, now)
 	ch := d.charges(nil, 10)

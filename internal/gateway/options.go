@@ -169,6 +169,13 @@ type AdmissionOptions struct {
 	// FailClosed refuses requests (503) when the rate-limit store cannot
 	// be reached; the default admits them unchecked.
 	FailClosed bool
+	// SlowStart is how many requests each deployment may have in flight,
+	// across replicas, until its provider has reported its limits (in
+	// x-ratelimit-* headers or a 429): a configured limit above the real
+	// one then costs no burst of 429s. Each success that reports nothing
+	// lets one more in (the window doubles every round trip) until 64.
+	// Negative turns slow start off. Default DefaultSlowStart.
+	SlowStart int64
 }
 
 // HTTPOptions bound what a client, and an upstream stream, may take.
@@ -240,6 +247,7 @@ const (
 	DefaultCompletionEstimate = 256
 	DefaultReservationHold    = 10 * time.Second
 	DefaultUsageFlushInterval = 100 * time.Millisecond
+	DefaultSlowStart          = 4
 
 	DefaultMaxBodyBytes        = 8 << 20
 	DefaultBodyTimeout         = 60 * time.Second
@@ -262,6 +270,9 @@ func (o Options) withDefaults() Options {
 	positive(&o.Admission.CompletionEstimate, DefaultCompletionEstimate)
 	positive(&o.Admission.ReservationHold, DefaultReservationHold)
 	positive(&o.Admission.UsageFlushInterval, DefaultUsageFlushInterval)
+	if o.Admission.SlowStart == 0 {
+		o.Admission.SlowStart = DefaultSlowStart
+	}
 	switch {
 	case o.Admission.MaxWait < 0:
 		o.Admission.MaxWait = 0

@@ -79,6 +79,12 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			preq.BeforeAttempt = func() error { return confirmSession(ctx, c.lease) }
 		}
 		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, preq)
+		if err == nil && resp.StatusCode < 500 {
+			// The provider answered: what it said about its limits
+			// (Feedback) is in the shared limits now, or it said nothing
+			// and waiting longer would not tell more.
+			adm.dep.endSlowStart()
+		}
 		last := len(cands) == 1
 		if err != nil {
 			kept.stop()
