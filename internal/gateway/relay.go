@@ -57,12 +57,17 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	}
 	body, err := readAnswer(resp)
 	if err != nil || len(body) > maxAnswerBytes {
-		g.opt.Upstream.ReportFailure(&adm.dep.Target)
-		g.finish(c, adm, res, nil)
 		if ctx.Err() != nil {
+			if resp.StatusCode/100 == 2 {
+				g.finishUnanswered(c, adm, res)
+			} else {
+				g.finish(c, adm, res, nil)
+			}
 			g.cancelled(c, ctx).Write(w)
 			return
 		}
+		g.opt.Upstream.ReportFailure(&adm.dep.Target)
+		g.finish(c, adm, res, nil)
 		c.outcome = "upstream_error"
 		for k := range h {
 			if k != "X-Request-Id" {

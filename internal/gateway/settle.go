@@ -21,6 +21,19 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 		g.metrics.tokensUsed(c.tenant.Name, adm.dep.Model, adm.dep.Name, usage.PromptTokens, usage.CompletionTokens)
 		g.learnCompletion(c, usage)
 	}
+	g.charge(c, adm, res, usage)
+}
+
+// finishUnanswered records a request the provider has, whose answer its
+// client will never get (it left, or the shutdown cut it) and that said
+// nothing of what it used: the provider may still do the work and bill it,
+// so the request is charged its estimate, the most it may cost.
+func (g *Gateway) finishUnanswered(c *call, adm admitted, res budget.Reservation) {
+	g.charge(c, adm, res, &openai.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.completionEstimate})
+}
+
+// charge settles the limits and the budget with usage (nil: nothing used).
+func (g *Gateway) charge(c *call, adm admitted, res budget.Reservation, usage *openai.Usage) {
 	limitsDone := g.settleLimitsNow(c, adm, usage)
 	switch {
 	case limitsDone && usage == nil && res.Hold == (budget.Amount{}):

@@ -78,7 +78,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			// a later one has overtaken.
 			preq.BeforeAttempt = func() error { return confirmSession(ctx, c.lease) }
 		}
-		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, preq)
+		resp, sent, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, preq)
 		if err == nil && resp.StatusCode < 500 {
 			// The provider answered: what it said about its limits
 			// (Feedback) is in the shared limits now, or it said nothing
@@ -88,11 +88,20 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 		last := len(cands) == 1
 		if err != nil {
 			kept.stop()
-			g.refund(adm)
 			switch {
-			case ctx.Err() != nil:
+			case ctx.Err() != nil && sent.Attempts > len(sent.Retried):
+				// Cancelled with its last attempt at the provider.
+				settled = true
+				g.finishUnanswered(c, adm, res)
 				g.cancelled(c, ctx).Write(w)
 				return
+			case ctx.Err() != nil:
+				g.refund(adm)
+				g.cancelled(c, ctx).Write(w)
+				return
+			}
+			g.refund(adm)
+			switch {
 			case errors.Is(err, errSessionLost):
 				g.sessionLost(c).Write(w)
 				return
