@@ -27,7 +27,8 @@ func runMainWith(t *testing.T, extra []lockbench.Algo, args ...string) (int, str
 	return code, stdout.String(), stderr.String()
 }
 
-// requiredFields are the JSON fields issue 2 asks for.
+// requiredFields are the JSON fields every run must report: the figures of
+// BENCHMARKS.md are read from them.
 var requiredFields = []string{
 	"workers", "ops_per_sec", "ping_p50_us", "handoff_p50_us", "handoff_p99_us",
 	"wait_p50_us", "wait_p99_us", "wait_max_us", "jain", "self_reacquire_pct",
