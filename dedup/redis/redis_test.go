@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/llmgate/llmgate/dedup"
 	"github.com/llmgate/llmgate/dedup/deduptest"
 	"github.com/llmgate/llmgate/dedup/redis"
@@ -33,15 +31,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceCluster(t *testing.T) {
 	r := testutil.StartCluster(t)
 	deduptest.Run(t, func(t *testing.T) dedup.Backend {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
-		if err != nil {
-			t.Fatalf("cluster client: %v", err)
-		}
-		t.Cleanup(c.Close)
-		if c.Mode() != rueidis.ClientModeCluster {
-			t.Fatalf("client mode %v, want cluster", c.Mode())
-		}
-		return redis.New(c, redis.Config{})
+		return redis.New(r.ClusterClient(t), redis.Config{})
 	})
 }
 

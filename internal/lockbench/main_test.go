@@ -3,7 +3,6 @@ package lockbench_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -37,20 +36,7 @@ var requiredFields = []string{
 
 func decode(t *testing.T, out string) map[string]any {
 	t.Helper()
-	var m map[string]any
-	dec := json.NewDecoder(strings.NewReader(out))
-	if err := dec.Decode(&m); err != nil {
-		t.Fatalf("stdout is not one JSON object: %v\n%s", err, out)
-	}
-	if dec.More() {
-		t.Fatalf("stdout has more than one JSON value:\n%s", out)
-	}
-	for _, f := range requiredFields {
-		if _, ok := m[f]; !ok {
-			t.Errorf("JSON lacks %q: %s", f, out)
-		}
-	}
-	return m
+	return testutil.JSONObject(t, out, requiredFields...)
 }
 
 func TestMainSmokeRedis(t *testing.T) {

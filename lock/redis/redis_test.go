@@ -886,15 +886,7 @@ func TestBusyProcessCannotStarveOthers(t *testing.T) {
 func TestConformanceCluster(t *testing.T) {
 	r := testutil.StartCluster(t)
 	locktest.Run(t, func(t *testing.T) lock.Backend {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
-		if err != nil {
-			t.Fatalf("cluster client: %v", err)
-		}
-		t.Cleanup(c.Close)
-		if c.Mode() != rueidis.ClientModeCluster {
-			t.Fatalf("client mode %v, want cluster", c.Mode())
-		}
-		return redis.New(c, redis.Config{})
+		return redis.New(r.ClusterClient(t), redis.Config{})
 	})
 }
 

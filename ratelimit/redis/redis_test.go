@@ -58,11 +58,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceCluster(t *testing.T) {
 	r := testutil.StartCluster(t)
 	ratelimittest.Run(t, func(t *testing.T) ratelimit.Backend {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
-		if err != nil {
-			t.Fatalf("cluster client: %v", err)
-		}
-		t.Cleanup(c.Close)
+		c := r.ClusterClient(t)
 		return inspected{Backend: redis.New(c, redis.Config{}), c: c}
 	})
 }
