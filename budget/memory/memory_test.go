@@ -1,12 +1,9 @@
 package memory_test
 
 import (
-	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +15,7 @@ import (
 	"github.com/llmgate/llmgate/budget/budgettest"
 	"github.com/llmgate/llmgate/budget/memory"
 	"github.com/llmgate/llmgate/clock"
+	"github.com/llmgate/llmgate/internal/testutil"
 )
 
 // Environment of the helper process (see TestHelperProcess).
@@ -135,36 +133,15 @@ func TestRestartKeepsSpend(t *testing.T) {
 // its Settle returned, and checks that the spend is in the file.
 func TestCrashKeepsSettledSpend(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "budget.state")
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envHelperPath+"="+path)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	ready := false
-	for sc.Scan() {
-		if sc.Text() == helperReady {
-			ready = true
-			break
-		}
-	}
-	if !ready {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatalf("helper process did not report a settle: %v", sc.Err())
+	child := testutil.StartChild(t, t.Context(), "TestHelperProcess", envHelperPath+"="+path)
+	if line := child.Line(t, time.Minute); line != helperReady {
+		t.Fatalf("helper process said %q, want %q", line, helperReady)
 	}
 	// Crash it: no Close, no flush, no deferred anything.
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
+	child.Kill()
+	if st := child.Cmd.ProcessState; st == nil || st.Success() {
+		t.Fatalf("helper process was not killed: %v", st)
 	}
-	_ = cmd.Wait()
 
 	// The kernel released its lock; the file has the spend.
 	b := open(t, path, nil)
@@ -185,7 +162,7 @@ func TestHelperProcess(t *testing.T) {
 	}
 	m := newManager(t, b, nil)
 	spend(t, m, 100, 200) // 300 tokens, 100 + 400 µUSD
-	fmt.Println(helperReady)
+	testutil.Say(helperReady)
 	// Wait to be killed (bounded, in case the parent died).
 	time.Sleep(60 * time.Second)
 	os.Exit(4)

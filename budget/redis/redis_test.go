@@ -35,16 +35,8 @@ func TestConformanceCluster(t *testing.T) {
 	if line, _ := r.Do(ctx, "EVAL", "return 1", "2", "{a}x", "{b}x"); !strings.HasPrefix(line, "-CROSSSLOT") {
 		t.Fatalf("a cross-slot EVAL answered %q, want a CROSSSLOT error", line)
 	}
-	newClient := func(t *testing.T) rueidis.Client {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
-		if err != nil {
-			t.Fatalf("cluster client: %v", err)
-		}
-		t.Cleanup(c.Close)
-		return c
-	}
 	budgettest.Run(t, func(t *testing.T, _ clock.Clock) func() budget.Backend {
-		return func() budget.Backend { return redis.New(newClient(t), redis.Config{}) }
+		return func() budget.Backend { return redis.New(r.ClusterClient(t), redis.Config{}) }
 	})
 }
 

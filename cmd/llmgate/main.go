@@ -1,4 +1,4 @@
-// Command llmgate is the llmgate command line: a distributed flock for scripts and cron jobs (llmgate lock), store benchmarks (llmgate bench) and, later, the gateway (llmgate serve).
+// Command llmgate is the llmgate command line: the OpenAI-compatible gateway (serve), a distributed flock for scripts and cron jobs (lock), benchmarks (bench), a simulated provider (mock) and a configuration check (check-config).
 //
 // main stays thin on purpose: it installs no signal handling of its own,
 // because each subcommand needs its own (llmgate lock forwards SIGINT and

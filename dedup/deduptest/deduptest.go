@@ -540,14 +540,15 @@ func (s *suite) testConflictRetained(t *testing.T) {
 	}
 }
 
-// startFollowers starts reading every follower; each reports its frames and
-// final error once.
+// outcome is what one follower read: its frames, its final error, and when
+// it ended.
 type outcome struct {
 	frames [][]byte
 	err    error
 	at     time.Time
 }
 
+// readAsync starts reading every follower; each reports its outcome once.
 func readAsync(ctx context.Context, fs []*dedup.Follower) []chan outcome {
 	chs := make([]chan outcome, len(fs))
 	for i, f := range fs {

@@ -16,15 +16,7 @@ import (
 
 // BenchmarkPing is the unit for the others: one PING round trip on the same
 // kind of client.
-func BenchmarkPing(b *testing.B) {
-	c := testutil.StartRedis(b).Client(b)
-	ctx := context.Background()
-	for b.Loop() {
-		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
+func BenchmarkPing(b *testing.B) { testutil.BenchPing(b) }
 
 // BenchmarkFlight20 is one whole flight across two processes (two clients):
 // the leader joins (lock + claim), publishes 20 frames of 100 bytes and

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/llmgate/llmgate/dedup"
 	"github.com/llmgate/llmgate/dedup/deduptest"
 	"github.com/llmgate/llmgate/dedup/redis"
@@ -33,15 +31,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceCluster(t *testing.T) {
 	r := testutil.StartCluster(t)
 	deduptest.Run(t, func(t *testing.T) dedup.Backend {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
-		if err != nil {
-			t.Fatalf("cluster client: %v", err)
-		}
-		t.Cleanup(c.Close)
-		if c.Mode() != rueidis.ClientModeCluster {
-			t.Fatalf("client mode %v, want cluster", c.Mode())
-		}
-		return redis.New(c, redis.Config{})
+		return redis.New(r.ClusterClient(t), redis.Config{})
 	})
 }
 
@@ -231,26 +221,14 @@ func TestExternalLockDeleteEndsFlight(t *testing.T) {
 
 // Environment of the helper process (see TestHelperProcess).
 const (
-	envMode  = "LLMGATE_DEDUP_HELPER"      // "lead"
-	envAddr  = "LLMGATE_DEDUP_HELPER_ADDR" // redis host:port
 	envKey   = "LLMGATE_DEDUP_HELPER_KEY"
 	envLease = "LLMGATE_DEDUP_HELPER_LEASE"
 )
 
 // TestHelperProcess is not a test: it is the body of the child processes
-// the other tests start. It does nothing unless LLMGATE_DEDUP_HELPER is set.
+// the other tests start (testutil.StartHelper) in mode lead.
 func TestHelperProcess(t *testing.T) {
-	mode := os.Getenv(envMode)
-	if mode == "" {
-		t.Skip("helper process body; runs only when started by another test")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{os.Getenv(envAddr)}, DisableCache: true})
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer c.Close()
+	mode, ctx, c := testutil.Helper(t)
 	lease, err := time.ParseDuration(os.Getenv(envLease))
 	if err != nil {
 		t.Fatal(err)
@@ -283,8 +261,7 @@ func TestKilledLeaderIsReplaced(t *testing.T) {
 	ctx := testCtx(t, 60*time.Second)
 	key := newKey(t)
 	const lease = time.Second
-	child := testutil.StartChild(t, ctx, "TestHelperProcess",
-		envMode+"=lead", envAddr+"="+r.Addr, envKey+"="+key, envLease+"="+lease.String())
+	child := testutil.StartHelper(t, ctx, r, "lead", envKey+"="+key, envLease+"="+lease.String())
 	var childFence uint64
 	line := child.Line(t, 30*time.Second)
 	if _, err := fmt.Sscanf(line, "leading %d", &childFence); err != nil {

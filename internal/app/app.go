@@ -188,26 +188,26 @@ func (a *App) bench(args []string) int {
 		fmt.Fprint(a.Stderr, benchUsageText)
 		return exitUsage
 	}
+	var run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(a.Stdout, benchUsageText)
 		return exitOK
 	case "lock":
-		// A benchmark has no child to forward signals to: the first SIGINT or
-		// SIGTERM cancels it, and it reports what it measured so far.
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		return lockbench.Main(ctx, args[1:], a.Stdout, a.Stderr)
+		run = lockbench.Main
 	case "ratelimit":
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		return ratebench.Main(ctx, args[1:], a.Stdout, a.Stderr)
+		run = ratebench.Main
 	case "gateway":
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		return gatewaybench.Main(ctx, args[1:], a.Stdout, a.Stderr, a.benchGatewayFactory)
+		run = func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+			return gatewaybench.Main(ctx, args, stdout, stderr, a.benchGatewayFactory)
+		}
 	default:
 		fmt.Fprintf(a.Stderr, "llmgate bench: unknown benchmark %q; run 'llmgate bench --help' for the list\n", args[0])
 		return exitUsage
 	}
+	// A benchmark has no child to forward signals to: the first SIGINT or
+	// SIGTERM cancels it, and it reports what it measured so far.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, args[1:], a.Stdout, a.Stderr)
 }

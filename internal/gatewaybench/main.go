@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,14 +12,15 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/llmgate/llmgate/internal/benchcli"
 	"github.com/llmgate/llmgate/internal/storeurl"
 )
 
 // Exit codes of Main.
 const (
-	ExitOK    = 0
-	ExitFail  = 1 // the run failed, or requests failed (the figures are flagged)
-	ExitUsage = 2 // bad flags
+	ExitOK    = benchcli.ExitOK
+	ExitFail  = benchcli.ExitFail // the run failed, or requests failed (the figures are flagged)
+	ExitUsage = benchcli.ExitUsage
 )
 
 const usageSynopsis = "usage: llmgate bench gateway [--duration D] [--reps N] [--concurrency 1,16,64] [--variants direct,proxy,memory,redis,redis-strict]\n" +
@@ -30,13 +30,16 @@ const usageSynopsis = "usage: llmgate bench gateway [--duration D] [--reps N] [-
 // factory builds the llmgate variants. It prints a table, or one JSON
 // object with --json, and returns the exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory GatewayFactory) int {
-	fs := flag.NewFlagSet("llmgate bench gateway", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	c := benchcli.New("llmgate bench gateway", usageSynopsis,
+		"Measures what llmgate adds to a chat completion against the simulated provider (no latency, no\n"+
+			"limits), all in this process on loopback: direct calls, a bare reverse proxy, and llmgate on the\n"+
+			"memory and Redis stores, interleaved. Reports added latency, throughput ratios and stream time\n"+
+			"to first event, with the issue's targets. Profile labels: part=client|provider|proxy|gateway.", stdout, stderr)
+	fs := c.Flags
 	var (
 		cfg         = Config{Factory: factory}
 		concurrency = joinInts(DefaultConcurrency)
 		variants    = strings.Join(DefaultVariants, ",")
-		jsonOut     bool
 		outPath     string
 		cpuProfile  string
 		mutexProf   string
@@ -53,78 +56,41 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 	fs.StringVar(&mutexProf, "mutexprofile", "", "like --cpuprofile, with the mutex contention profile written to `file` (both may be given)")
 	fs.StringVar(&memProf, "memprofile", "", "like --cpuprofile, with the allocation profiles after and before the run written to `file` and file.base (go tool pprof -sample_index=alloc_space -base file.base)")
 	fs.StringVar(&cfg.ProfileVariant, "profile-variant", VariantMemory, "the variant --cpuprofile, --mutexprofile and --memprofile profile")
-	fs.BoolVar(&jsonOut, "json", false, "print one JSON object instead of a table")
+	jsonOut := c.JSON()
 	fs.StringVar(&outPath, "out", "", "also write the JSON object to `file` (the table still goes to stdout)")
 
-	usage := func(w io.Writer) {
-		fmt.Fprintln(w, usageSynopsis)
-		fmt.Fprintln(w, "\nMeasures what llmgate adds to a chat completion against the simulated provider (no latency, no")
-		fmt.Fprintln(w, "limits), all in this process on loopback: direct calls, a bare reverse proxy, and llmgate on the")
-		fmt.Fprintln(w, "memory and Redis stores, interleaved. Reports added latency, throughput ratios and stream time")
-		fmt.Fprintln(w, "to first event, with the issue's targets. Profile labels: part=client|provider|proxy|gateway.")
-		fmt.Fprintln(w, "\nflags:")
-		fs.VisitAll(func(f *flag.Flag) {
-			name, help := flag.UnquoteUsage(f)
-			if name != "" {
-				name = " " + name
-			}
-			fmt.Fprintf(w, "  --%s%s\n    \t%s", f.Name, name, help)
-			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-				fmt.Fprintf(w, " (default %s)", f.DefValue)
-			}
-			fmt.Fprintln(w)
-		})
+	if code, ok := c.Parse(args); !ok {
+		return code
 	}
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "llmgate bench gateway: "+format+"\n", a...)
-		fmt.Fprintln(stderr, usageSynopsis)
-		fmt.Fprintln(stderr, "run 'llmgate bench gateway --help' for all flags")
-		return ExitUsage
-	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "llmgate bench gateway: %v\n", err)
-		return ExitFail
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			usage(stdout)
-			return ExitOK
-		}
-		return bad("%v", err)
-	}
-	if fs.NArg() > 0 {
-		return bad("unexpected argument %q", fs.Arg(0))
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := c.Given()
 	var err error
 	if cfg.Concurrency, err = parseInts(concurrency); err != nil {
-		return bad("--concurrency: %v", err)
+		return c.Bad("--concurrency: %v", err)
 	}
 	cfg.Variants = splitList(variants)
 	// Zero means "the default" in a Config; on the command line it is a
 	// mistake.
 	switch {
 	case cfg.Duration <= 0:
-		return bad("--duration must be positive, got %v", cfg.Duration)
+		return c.Bad("--duration must be positive, got %v", cfg.Duration)
 	case cfg.Reps < 1:
-		return bad("--reps must be at least 1, got %d", cfg.Reps)
+		return c.Bad("--reps must be at least 1, got %d", cfg.Reps)
 	case cfg.MaxRequests < 1:
-		return bad("--max-requests must be at least 1, got %d", cfg.MaxRequests)
+		return c.Bad("--max-requests must be at least 1, got %d", cfg.MaxRequests)
 	}
 	if cfg.Redis != "" {
 		if !slices.ContainsFunc(cfg.Variants, onRedis) {
-			return bad("--redis is given but no redis variant is in --variants")
+			return c.Bad("--redis is given but no redis variant is in --variants")
 		}
 		if !strings.Contains(cfg.Redis, "://") {
 			cfg.Redis = "redis://" + cfg.Redis
 		}
 		if _, err := storeurl.RedisOption(cfg.Redis); err != nil {
-			return bad("--redis: %s", strings.TrimPrefix(err.Error(), "storeurl: "))
+			return c.Bad("--redis: %s", strings.TrimPrefix(err.Error(), "storeurl: "))
 		}
 	}
 	if set["profile-variant"] && cpuProfile == "" && mutexProf == "" && memProf == "" {
-		return bad("--profile-variant applies with --cpuprofile, --mutexprofile or --memprofile only")
+		return c.Bad("--profile-variant applies with --cpuprofile, --mutexprofile or --memprofile only")
 	}
 	// Checked before a redis-server is started for nothing.
 	check := cfg
@@ -135,14 +101,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 		check.Profile = io.Discard
 	}
 	if err := check.Validate(); err != nil {
-		return bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
+		return c.Bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
 	}
 
 	if slices.ContainsFunc(cfg.Variants, onRedis) && cfg.Redis == "" {
 		bin, err := redisServerPath()
 		switch {
 		case err != nil && set["variants"]:
-			return bad("the redis variants need --redis ADDR or redis-server on PATH: %v", err)
+			return c.Bad("the redis variants need --redis ADDR or redis-server on PATH: %v", err)
 		case err != nil:
 			// Not asked for by name: measure the rest.
 			fmt.Fprintln(stderr, "llmgate bench gateway: no redis-server on PATH and no --redis: skipping the redis variants")
@@ -150,7 +116,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 		default:
 			r, err := startRedis(ctx, bin)
 			if err != nil {
-				return fail(err)
+				return c.Fail(err)
 			}
 			defer r.stop()
 			cfg.Redis = r.URL
@@ -167,7 +133,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 		}
 		f, err := os.Create(p.path)
 		if err != nil {
-			return fail(err)
+			return c.Fail(err)
 		}
 		defer f.Close()
 		*p.w = f
@@ -178,25 +144,25 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 		// Created before the run: a path that cannot be written fails
 		// now, not after minutes of measuring.
 		if out, err = os.Create(outPath); err != nil {
-			return fail(err)
+			return c.Fail(err)
 		}
 		defer out.Close()
 	}
 	res, err := Run(ctx, cfg, stderr)
 	if err != nil {
-		return fail(err)
+		return c.Fail(err)
 	}
 	if out != nil {
 		if err := json.NewEncoder(out).Encode(res); err != nil {
-			return fail(err)
+			return c.Fail(err)
 		}
 		if err := out.Close(); err != nil {
-			return fail(err)
+			return c.Fail(err)
 		}
 	}
-	if jsonOut {
+	if *jsonOut {
 		if err := json.NewEncoder(stdout).Encode(res); err != nil {
-			return fail(err)
+			return c.Fail(err)
 		}
 	} else {
 		PrintResult(stdout, res)

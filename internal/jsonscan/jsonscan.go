@@ -1,4 +1,4 @@
-// Package jsonscan walks JSON that is already known to be valid without decoding it.
+// Package jsonscan checks JSON (Valid) and then walks it without decoding it, so the gateway reads a body's few fields with few allocations.
 package jsonscan
 
 import (

@@ -3,24 +3,21 @@ package lockbench
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"runtime/pprof"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/benchcli"
 	"github.com/llmgate/llmgate/internal/storeurl"
 )
 
 // Exit codes of Main.
 const (
-	ExitOK         = 0
-	ExitFail       = 1 // the run failed, or saw violations
-	ExitUsage      = 2 // bad flags
+	ExitOK         = benchcli.ExitOK
+	ExitFail       = benchcli.ExitFail // the run failed, or saw violations
+	ExitUsage      = benchcli.ExitUsage
 	usageSynopsis  = "usage: llmgate bench lock --store URL [--algo NAME] [--workers N] [--duration D] [--fair] [--cs D] [--keys N] [--ttl D] [--json]"
 	defaultAlgoArg = "llmgate"
 )
@@ -35,13 +32,18 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // built-in ones (bench/peers passes other libraries' locks).
 func MainWith(ctx context.Context, args []string, stdout, stderr io.Writer, extra ...Algo) int {
 	algos := append(Builtin(), extra...)
-	fs := flag.NewFlagSet("llmgate bench lock", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	c := benchcli.New("llmgate bench lock", usageSynopsis,
+		"Measures a distributed lock: critical sections/s, hand-off latency, waits, fairness, overlaps.", stdout, stderr)
+	c.More = func(w io.Writer) {
+		fmt.Fprintln(w, "\nalgorithms:")
+		for _, a := range algos {
+			fmt.Fprintf(w, "  %-12s %s\n", a.Name, a.Summary)
+		}
+	}
+	fs := c.Flags
 	var (
-		cfg        = Config{}
-		algoName   string
-		jsonOut    bool
-		cpuProfile string
+		cfg      = Config{}
+		algoName string
 	)
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[user:password@]host:port[/db], or memory (llmgate only)")
 	fs.StringVar(&algoName, "algo", defaultAlgoArg, "lock algorithm: "+algoNames(algos))
@@ -56,44 +58,17 @@ func MainWith(ctx context.Context, args []string, stdout, stderr io.Writer, extr
 	fs.IntVar(&cfg.Pings, "ping", DefaultPings, "PINGs timed before and after the run (0: none)")
 	fs.IntVar(&cfg.PingEvery, "ping-every", 0, "worker 0 also times a PING after every `N`th cycle (0: never)")
 	fs.BoolVar(&cfg.Warmup, "warmup", true, "each worker takes and releases a key of its own once before the clock starts (connects, subscribes); false: count a cold start")
-	fs.BoolVar(&jsonOut, "json", false, "print one JSON object instead of a table")
-	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to `file`")
+	jsonOut, cpuProfile := c.JSON(), c.CPUProfile()
 
-	usage := func(w io.Writer) {
-		fmt.Fprintln(w, usageSynopsis)
-		fmt.Fprintln(w, "\nMeasures a distributed lock: critical sections/s, hand-off latency, waits, fairness, overlaps.")
-		fmt.Fprintln(w, "\nflags:")
-		fs.SetOutput(w)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
-		fmt.Fprintln(w, "\nalgorithms:")
-		for _, a := range algos {
-			fmt.Fprintf(w, "  %-12s %s\n", a.Name, a.Summary)
-		}
-	}
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "llmgate bench lock: "+format+"\n", a...)
-		fmt.Fprintln(stderr, usageSynopsis)
-		fmt.Fprintln(stderr, "run 'llmgate bench lock --help' for all flags")
-		return ExitUsage
-	}
-
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			usage(stdout)
-			return ExitOK
-		}
-		return bad("%v", err)
-	}
-	if fs.NArg() > 0 {
-		return bad("unexpected argument %q", fs.Arg(0))
+	if code, ok := c.Parse(args); !ok {
+		return code
 	}
 	if cfg.Store == "" {
-		return bad("--store is required, e.g. --store redis://127.0.0.1:6379")
+		return c.Bad("--store is required, e.g. --store redis://127.0.0.1:6379")
 	}
 	if !storeurl.IsMemory(cfg.Store) {
 		if _, err := storeurl.RedisOption(cfg.Store); err != nil {
-			return bad("%v", err)
+			return c.Bad("%v", err)
 		}
 	}
 	found := false
@@ -103,36 +78,25 @@ func MainWith(ctx context.Context, args []string, stdout, stderr io.Writer, extr
 		}
 	}
 	if !found {
-		return bad("unknown --algo %q; choose one of %s", algoName, algoNames(algos))
+		return c.Bad("unknown --algo %q; choose one of %s", algoName, algoNames(algos))
 	}
 	if err := cfg.Validate(); err != nil {
-		return bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
+		return c.Bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
 	}
 
-	if cpuProfile != "" {
-		f, err := os.Create(cpuProfile)
-		if err != nil {
-			fmt.Fprintf(stderr, "llmgate bench lock: %v\n", err)
-			return ExitFail
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(stderr, "llmgate bench lock: %v\n", err)
-			return ExitFail
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := benchcli.StartCPUProfile(*cpuProfile)
+	if err != nil {
+		return c.Fail(err)
 	}
+	defer stop()
 
 	res, err := Run(ctx, cfg)
 	if err != nil {
-		fmt.Fprintf(stderr, "llmgate bench lock: %v\n", err)
-		return ExitFail
+		return c.Fail(err)
 	}
-	if jsonOut {
-		enc := json.NewEncoder(stdout)
-		if err := enc.Encode(res); err != nil {
-			fmt.Fprintf(stderr, "llmgate bench lock: %v\n", err)
-			return ExitFail
+	if *jsonOut {
+		if err := json.NewEncoder(stdout).Encode(res); err != nil {
+			return c.Fail(err)
 		}
 	} else {
 		printTable(stdout, res)

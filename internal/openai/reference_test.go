@@ -41,8 +41,8 @@ func (w *wireRequest) decodeReference(m map[string]json.RawMessage) *Error {
 	return nil
 }
 
-// decodeMember decodes m[name], when present, into dst; param names it in
-// the error.
+// decodeMemberReference decodes m[name], when present, into dst; param
+// names it in the error.
 func decodeMemberReference(m map[string]json.RawMessage, name, param string, dst any) *Error {
 	raw, ok := m[name]
 	if !ok {

@@ -3,23 +3,21 @@ package ratebench
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"runtime/pprof"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/llmgate/llmgate/internal/benchcli"
 	"github.com/llmgate/llmgate/internal/storeurl"
 )
 
 // Exit codes of Main.
 const (
-	ExitOK    = 0
-	ExitFail  = 1 // the run failed, or an accuracy run admitted more than the ideal
-	ExitUsage = 2 // bad flags
+	ExitOK    = benchcli.ExitOK
+	ExitFail  = benchcli.ExitFail // the run failed, or an accuracy run admitted more than the ideal
+	ExitUsage = benchcli.ExitUsage
 )
 
 const usageSynopsis = "usage: llmgate bench ratelimit --store URL [--workers N] [--duration D] [--limits 1|2|3] [--settle] [--local] [--json]\n" +
@@ -33,16 +31,17 @@ var hidden = map[string]bool{childFlag: true, "key": true}
 // prints one JSON object with --json, a table otherwise, and returns the
 // exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("llmgate bench ratelimit", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	c := benchcli.New("llmgate bench ratelimit", usageSynopsis,
+		"Measures the rate limiter: decisions/s and latency over a request's limits against a GCRA\n"+
+			"baseline in the same run, or (--accuracy) how close processes sharing one limit get to the ideal.", stdout, stderr)
+	c.Hidden = hidden
+	fs := c.Flags
 	var (
-		cfg        = Config{}
-		acc        = AccuracyConfig{}
-		accuracy   bool
-		child      bool
-		key        string
-		jsonOut    bool
-		cpuProfile string
+		cfg      = Config{}
+		acc      = AccuracyConfig{}
+		accuracy bool
+		child    bool
+		key      string
 	)
 	fs.StringVar(&cfg.Store, "store", "", "store URL: redis://[user:password@]host:port[/db]")
 	fs.IntVar(&cfg.Workers, "workers", DefaultWorkers, "concurrent workers, each with its own client (with --accuracy: per process, default 1)")
@@ -61,52 +60,20 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&acc.Burst, "burst", 0, "with --accuracy: the bucket size (0: the rate, one second's worth)")
 	fs.StringVar(&acc.Algo, "algo", AlgoLlmgate, "with --accuracy: "+AlgoLlmgate+" or "+AlgoGCRA)
 	fs.BoolVar(&acc.Wait, "wait", false, "with --accuracy: Wait in the queue instead of Allow (llmgate)")
-	fs.BoolVar(&jsonOut, "json", false, "print one JSON object instead of a table")
-	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process to `file`")
+	jsonOut, cpuProfile := c.JSON(), c.CPUProfile()
 	fs.BoolVar(&child, childFlag, false, "run as a worker process of an accuracy run")
 	fs.StringVar(&key, "key", "", "the limit's key, for a worker process")
 
-	usage := func(w io.Writer) {
-		fmt.Fprintln(w, usageSynopsis)
-		fmt.Fprintln(w, "\nMeasures the rate limiter: decisions/s and latency over a request's limits against a GCRA")
-		fmt.Fprintln(w, "baseline in the same run, or (--accuracy) how close processes sharing one limit get to the ideal.")
-		fmt.Fprintln(w, "\nflags:")
-		fs.VisitAll(func(f *flag.Flag) {
-			if hidden[f.Name] {
-				return
-			}
-			name, help := flag.UnquoteUsage(f)
-			fmt.Fprintf(w, "  --%s %s\n    \t%s", f.Name, name, help)
-			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
-				fmt.Fprintf(w, " (default %s)", f.DefValue)
-			}
-			fmt.Fprintln(w)
-		})
-	}
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "llmgate bench ratelimit: "+format+"\n", a...)
-		fmt.Fprintln(stderr, usageSynopsis)
-		fmt.Fprintln(stderr, "run 'llmgate bench ratelimit --help' for all flags")
-		return ExitUsage
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			usage(stdout)
-			return ExitOK
-		}
-		return bad("%v", err)
-	}
-	if fs.NArg() > 0 {
-		return bad("unexpected argument %q", fs.Arg(0))
+	if code, ok := c.Parse(args); !ok {
+		return code
 	}
 	if cfg.Store == "" {
-		return bad("--store is required, e.g. --store redis://127.0.0.1:6379")
+		return c.Bad("--store is required, e.g. --store redis://127.0.0.1:6379")
 	}
 	if _, err := storeurl.RedisOption(cfg.Store); err != nil {
-		return bad("%s", strings.TrimPrefix(err.Error(), "storeurl: "))
+		return c.Bad("%s", strings.TrimPrefix(err.Error(), "storeurl: "))
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	set := c.Given()
 	acc.Store, acc.Duration, acc.Workers, acc.Local = cfg.Store, cfg.Duration, cfg.Workers, cfg.Local
 	if (accuracy || child) && !set["workers"] {
 		acc.Workers = 1
@@ -122,71 +89,60 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if accuracy {
 		for _, f := range []string{"limits", "settle", "shared-client", "max-ops", "hold", "ping"} {
 			if set[f] {
-				return bad("--%s does not apply to --accuracy", f)
+				return c.Bad("--%s does not apply to --accuracy", f)
 			}
 		}
 		if err := acc.Validate(); err != nil {
-			return bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
+			return c.Bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
 		}
 	} else {
 		for _, f := range []string{"procs", "rate", "burst", "algo", "wait"} {
 			if set[f] {
-				return bad("--%s applies to --accuracy only", f)
+				return c.Bad("--%s applies to --accuracy only", f)
 			}
 		}
 		if err := cfg.Validate(); err != nil {
-			return bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
+			return c.Bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
 		}
 	}
 
-	if cpuProfile != "" {
-		f, err := os.Create(cpuProfile)
-		if err != nil {
-			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
-			return ExitFail
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
-			return ExitFail
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := benchcli.StartCPUProfile(*cpuProfile)
+	if err != nil {
+		return c.Fail(err)
 	}
+	defer stop()
 
 	var out any
 	code := ExitOK
 	if accuracy {
 		res, err := Accuracy(ctx, acc, stderr)
 		if err != nil {
-			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
-			return ExitFail
+			return c.Fail(err)
 		}
 		out = res
 		if res.Over > 0 {
 			fmt.Fprintf(stderr, "llmgate bench ratelimit: FAIL: %d admissions above the ideal %.2f\n", res.Over, res.Ideal)
 			code = ExitFail
 		}
-		if !jsonOut {
+		if !*jsonOut {
 			printAccuracy(stdout, res)
 		}
 	} else {
 		res, err := Run(ctx, cfg)
 		if err != nil {
-			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
-			return ExitFail
+			return c.Fail(err)
 		}
 		out = res
 		if res.Interrupted {
 			fmt.Fprintln(stderr, "llmgate bench ratelimit: interrupted; the figures cover the time until then")
 		}
-		if !jsonOut {
+		if !*jsonOut {
 			printResult(stdout, res)
 		}
 	}
-	if jsonOut {
+	if *jsonOut {
 		if err := json.NewEncoder(stdout).Encode(out); err != nil {
-			fmt.Fprintf(stderr, "llmgate bench ratelimit: %v\n", err)
-			return ExitFail
+			return c.Fail(err)
 		}
 	}
 	return code

@@ -3,7 +3,6 @@ package ratebench_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"math"
 	"os"
 	"os/signal"
@@ -39,20 +38,7 @@ func runMain(t *testing.T, args ...string) (int, string, string) {
 
 func decode(t *testing.T, out string, fields ...string) map[string]any {
 	t.Helper()
-	var m map[string]any
-	dec := json.NewDecoder(strings.NewReader(out))
-	if err := dec.Decode(&m); err != nil {
-		t.Fatalf("stdout is not one JSON object: %v\n%s", err, out)
-	}
-	if dec.More() {
-		t.Fatalf("stdout has more than one JSON value:\n%s", out)
-	}
-	for _, f := range fields {
-		if _, ok := m[f]; !ok {
-			t.Errorf("JSON lacks %q: %s", f, out)
-		}
-	}
-	return m
+	return testutil.JSONObject(t, out, fields...)
 }
 
 // TestThroughputSmoke: a short run prints the figures the issue asks for,

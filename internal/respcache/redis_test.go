@@ -67,12 +67,7 @@ func TestRedisConformance(t *testing.T) {
 // TestRedisCluster proves the one-key layout works against Redis Cluster.
 func TestRedisCluster(t *testing.T) {
 	r := testutil.StartCluster(t)
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	s := respcache.NewRedis(c, "")
+	s := respcache.NewRedis(r.ClusterClient(t), "")
 	e := &respcache.Entry{Status: 200, Body: []byte(`{"object":"list","data":[]}`)}
 	for i := range 20 {
 		k := fmt.Sprint("k", i)

@@ -21,15 +21,7 @@ import (
 
 // BenchmarkPing is the unit for the others: one PING round trip on the same
 // kind of client.
-func BenchmarkPing(b *testing.B) {
-	c := testutil.StartRedis(b).Client(b)
-	ctx := context.Background()
-	for b.Loop() {
-		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
+func BenchmarkPing(b *testing.B) { testutil.BenchPing(b) }
 
 // BenchmarkUncontendedSerial is one goroutine taking and releasing a lock
 // nobody else wants: the floor cost of an acquire+release pair.

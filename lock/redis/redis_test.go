@@ -24,8 +24,6 @@ import (
 
 // Environment of the helper process (see TestHelperProcess).
 const (
-	envMode   = "LLMGATE_LOCK_HELPER"       // count, hold or wait
-	envAddr   = "LLMGATE_LOCK_HELPER_ADDR"  // redis host:port
 	envKey    = "LLMGATE_LOCK_HELPER_KEY"   // lock key
 	envFair   = "LLMGATE_LOCK_HELPER_FAIR"  // "true" or "false"
 	envTTL    = "LLMGATE_LOCK_HELPER_TTL"   // lease TTL (time.ParseDuration)
@@ -170,27 +168,11 @@ func lockState(t *testing.T, c rueidis.Client, key string) (owner string, leftMS
 // ---------------------------------------------------------------------------
 // Helper process
 
-// startHelper runs the test binary as a child process in one of the modes
-// of TestHelperProcess, with env added.
-func startHelper(t *testing.T, ctx context.Context, env ...string) *testutil.Child {
-	t.Helper()
-	return testutil.StartChild(t, ctx, "TestHelperProcess", env...)
-}
-
 // TestHelperProcess is not a test: it is the body of the child processes
-// the other tests start. It does nothing unless LLMGATE_LOCK_HELPER is set.
+// the other tests start (testutil.StartHelper) in mode count, hold or wait.
 func TestHelperProcess(t *testing.T) {
-	mode := os.Getenv(envMode)
-	if mode == "" {
-		t.Skip("helper process body; runs only when started by another test")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{os.Getenv(envAddr)}, DisableCache: true})
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer c.Close()
+	mode, ctx, c := testutil.Helper(t)
+	var err error
 	l := lock.New(redis.New(c, redis.Config{}))
 	key := os.Getenv(envKey)
 	opts := lock.Options{Fair: os.Getenv(envFair) == "true"}
@@ -292,8 +274,8 @@ func TestMutualExclusionAcrossProcesses(t *testing.T) {
 
 			var children []*testutil.Child
 			for range procs {
-				children = append(children, startHelper(t, ctx,
-					envMode+"=count", envAddr+"="+r.Addr, envKey+"="+key,
+				children = append(children, testutil.StartHelper(t, ctx, r, "count",
+					envKey+"="+key,
 					envFair+"="+strconv.FormatBool(fair), envTTL+"="+opts.TTL.String(),
 					envCount+"="+counter, envFences+"="+fences, envRounds+"="+strconv.Itoa(rounds)))
 			}
@@ -465,7 +447,7 @@ func TestCrashedHolderTakenOverAtExpiry(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	key := newKey(t)
 	const ttl = 500 * time.Millisecond
-	child := startHelper(t, ctx, envMode+"=hold", envAddr+"="+r.Addr, envKey+"="+key, envTTL+"="+ttl.String())
+	child := testutil.StartHelper(t, ctx, r, "hold", envKey+"="+key, envTTL+"="+ttl.String())
 	var childFence uint64
 	var childStartNS int64
 	line := child.Line(t, 30*time.Second)
@@ -608,7 +590,7 @@ func TestKilledWaiterDoesNotStallQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	child := startHelper(t, ctx, envMode+"=wait", envAddr+"="+r.Addr, envKey+"="+key, envFair+"=true",
+	child := testutil.StartHelper(t, ctx, r, "wait", envKey+"="+key, envFair+"=true",
 		envTTL+"="+opts.TTL.String(), envWL+"="+waiterLease.String())
 	if line := child.Line(t, 30*time.Second); line != "waiting" {
 		t.Fatalf("helper said %q", line)
@@ -904,15 +886,7 @@ func TestBusyProcessCannotStarveOthers(t *testing.T) {
 func TestConformanceCluster(t *testing.T) {
 	r := testutil.StartCluster(t)
 	locktest.Run(t, func(t *testing.T) lock.Backend {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
-		if err != nil {
-			t.Fatalf("cluster client: %v", err)
-		}
-		t.Cleanup(c.Close)
-		if c.Mode() != rueidis.ClientModeCluster {
-			t.Fatalf("client mode %v, want cluster", c.Mode())
-		}
-		return redis.New(c, redis.Config{})
+		return redis.New(r.ClusterClient(t), redis.Config{})
 	})
 }
 

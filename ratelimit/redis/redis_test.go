@@ -58,11 +58,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceCluster(t *testing.T) {
 	r := testutil.StartCluster(t)
 	ratelimittest.Run(t, func(t *testing.T) ratelimit.Backend {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
-		if err != nil {
-			t.Fatalf("cluster client: %v", err)
-		}
-		t.Cleanup(c.Close)
+		c := r.ClusterClient(t)
 		return inspected{Backend: redis.New(c, redis.Config{}), c: c}
 	})
 }
@@ -184,12 +180,7 @@ func receive(t *testing.T, ch <-chan waited, d time.Duration, what string) waite
 // Helper process
 
 // Environment of the helper process (see TestHelperProcess).
-const (
-	envMode = "LLMGATE_RL_HELPER"      // hammer, hold, wait, reserve or probe
-	envAddr = "LLMGATE_RL_HELPER_ADDR" // redis host:port
-	envCfg  = "LLMGATE_RL_HELPER_CFG"  // JSON helperCfg
-
-)
+const envCfg = "LLMGATE_RL_HELPER_CFG" // JSON helperCfg
 
 // helperCfg configures a helper process.
 type helperCfg struct {
@@ -207,27 +198,18 @@ func startHelper(t *testing.T, ctx context.Context, r *testutil.Redis, mode stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	return testutil.StartChild(t, ctx, "TestHelperProcess", envMode+"="+mode, envAddr+"="+r.Addr, envCfg+"="+string(raw))
+	return testutil.StartHelper(t, ctx, r, mode, envCfg+"="+string(raw))
 }
 
 // TestHelperProcess is not a test: it is the body of the child processes
-// the other tests start. It does nothing unless LLMGATE_RL_HELPER is set.
+// the other tests start (startHelper) in mode hammer, hold, wait, reserve or
+// probe.
 func TestHelperProcess(t *testing.T) {
-	mode := os.Getenv(envMode)
-	if mode == "" {
-		t.Skip("helper process body; runs only when started by another test")
-	}
+	mode, ctx, c := testutil.Helper(t)
 	var cfg helperCfg
 	if err := json.Unmarshal([]byte(os.Getenv(envCfg)), &cfg); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{os.Getenv(envAddr)}, DisableCache: true})
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer c.Close()
 	var opts []ratelimit.Option
 	if cfg.WaiterLease > 0 {
 		opts = append(opts, ratelimit.WithWaiterLease(cfg.WaiterLease))
