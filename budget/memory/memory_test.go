@@ -90,19 +90,23 @@ func wantSpent(t *testing.T, m *budget.Manager, at time.Time, want budget.Amount
 	}
 }
 
+// TestRestartKeepsSpend: spend, usage rows and live holds survive a
+// restart; a hold whose request died with the process expires and is
+// charged, as a dead replica's is on Redis.
 func TestRestartKeepsSpend(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "budget.state")
 	now := time.Now()
-	b, err := memory.Open(memory.Config{Path: path})
+	clk := clock.NewFake(now)
+	b, err := memory.Open(memory.Config{Path: path, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := newManager(t, b, nil)
+	m := newManager(t, b, clk)
 	spend(t, m, 100, 50) // 150 tokens, 100 + 100 µUSD
 	spend(t, m, 10, 0)
-	// An unsettled reservation is not persisted: its request dies with
-	// the process.
-	if _, err := m.Reserve(t.Context(), testBudget, "", "test-model", budget.Usage{PromptTokens: 5}); err != nil {
+	// A request in flight when the process stops.
+	r, err := m.Reserve(t.Context(), testBudget, "", "test-model", budget.Usage{PromptTokens: 5})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Close(); err != nil {
@@ -112,9 +116,9 @@ func TestRestartKeepsSpend(t *testing.T) {
 		t.Fatalf("Reserve after Close = %v, want ErrStoreUnavailable wrapping ErrClosed", err)
 	}
 
-	b2 := open(t, path, nil)
-	m2 := newManager(t, b2, nil)
-	wantSpent(t, m2, now, budget.Amount{Tokens: 160, MicroUSD: 210}, 0)
+	b2 := open(t, path, clk)
+	m2 := newManager(t, b2, clk)
+	wantSpent(t, m2, now, budget.Amount{Tokens: 160, MicroUSD: 210}, 1)
 	w, _ := testBudget.Window(now)
 	rows, err := m2.Usage(t.Context(), "acme", w.ID)
 	if err != nil {
@@ -124,9 +128,13 @@ func TestRestartKeepsSpend(t *testing.T) {
 	if len(rows) != 1 || rows[0] != want[0] {
 		t.Fatalf("rows after restart %+v, want %+v", rows, want)
 	}
+	// Nobody renews the hold: it expires and is charged.
+	clk.Advance(m2.TTL() + time.Second)
+	charged := budget.Amount{Tokens: 160 + r.Hold.Tokens, MicroUSD: 210 + r.Hold.MicroUSD}
+	wantSpent(t, m2, now, charged, 0)
 	// And it keeps counting from there.
 	spend(t, m2, 40, 0)
-	wantSpent(t, m2, now, budget.Amount{Tokens: 200, MicroUSD: 250}, 0)
+	wantSpent(t, m2, now, budget.Amount{Tokens: charged.Tokens + 40, MicroUSD: charged.MicroUSD + 40}, 0)
 }
 
 // TestCrashKeepsSettledSpend kills a process (SIGKILL, no Close) right after

@@ -34,13 +34,24 @@ type fileState struct {
 	Windows []fileWindow `json:"windows"`
 }
 
-// fileWindow is one tenant's spend and usage in one period.
+// fileWindow is one tenant's spend, usage and live holds in one period.
 type fileWindow struct {
 	Tenant string            `json:"tenant"`
 	Window string            `json:"window"`
 	Keep   time.Time         `json:"keep"`
 	Spent  budget.Amount     `json:"spent"`
 	Rows   []budget.UsageRow `json:"rows"`
+	Holds  []fileHold        `json:"holds,omitempty"`
+}
+
+// fileHold is a live hold: after a crash it expires and is charged, as the
+// holds of a dead replica are on Redis.
+type fileHold struct {
+	ID       string        `json:"id"`
+	Amount   budget.Amount `json:"amount"`
+	Charge   budget.Charge `json:"charge"`
+	Remember time.Duration `json:"remember"`
+	Expires  time.Time     `json:"expires"`
 }
 
 // encodeState renders st as a state file.
@@ -144,6 +155,19 @@ func (st *fileState) validate() error {
 				return fmt.Errorf("window %d row %d: model %q deployment %q appears twice", i, j, r.Model, r.Deployment)
 			}
 			rows[rk] = true
+		}
+		ids := make(map[string]bool, len(w.Holds))
+		for j, h := range w.Holds {
+			if h.ID == "" || len(h.ID) > budget.MaxNameLen || ids[h.ID] {
+				return fmt.Errorf("window %d hold %d: empty, too long or repeated ID", i, j)
+			}
+			ids[h.ID] = true
+			if h.Amount.Tokens < 0 || h.Amount.MicroUSD < 0 || h.Remember < 0 || h.Charge.Usage.PromptTokens < 0 || h.Charge.Usage.CompletionTokens < 0 {
+				return fmt.Errorf("window %d hold %d: negative amount", i, j)
+			}
+			if err := validName(h.Charge.Model); err != nil {
+				return fmt.Errorf("window %d hold %d: model: %w", i, j, err)
+			}
 		}
 	}
 	return nil
