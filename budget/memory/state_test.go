@@ -77,6 +77,7 @@ func FuzzDecodeStateBody(f *testing.F) {
 	f.Add(good[bytes.IndexByte(good, '\n')+1:])
 	f.Add([]byte(`{"version":1,"windows":[{"tenant":"","window":"2026-13","spent":{"tokens":-1}}]}`))
 	f.Add([]byte(`{"version":1,"windows":[{"tenant":"a","window":"2026-11"},{"tenant":"a","window":"2026-11"}]}`))
+	f.Add([]byte(`{"version":1,"windows":[{"tenant":"a","window":"2026-11","holds":[{"id":"r1","amount":{"tokens":5},"charge":{"Model":"m"},"remember":1,"expires":"2026-11-02T00:00:00Z"},{"id":"r1"}]}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var buf bytes.Buffer
 		sum := sha256Hex(body)
@@ -94,6 +95,11 @@ func FuzzDecodeStateBody(f *testing.F) {
 			}
 			if _, err := budget.ParseWindowID(w.Window); err != nil {
 				t.Fatalf("accepted window %q", w.Window)
+			}
+			for _, h := range w.Holds {
+				if h.ID == "" || h.Amount.Tokens < 0 || h.Amount.MicroUSD < 0 {
+					t.Fatalf("accepted hold %+v", h)
+				}
 			}
 		}
 	})
