@@ -557,3 +557,34 @@ func TestSettleNow(t *testing.T) {
 		_ = l.Close(ctx)
 	}
 }
+
+// TestPeek: Peek reports what the store has left, other replicas' use
+// included, charges nothing and is not counted; a request admitted from a
+// local block shows in it once the block is taken from the store.
+func TestPeek(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := memory.New(clk)
+	a := ratelimit.New(store, ratelimit.WithClock(clk))
+	b := ratelimit.New(store, ratelimit.WithClock(clk))
+	req := gatewayLike(100, 10_000, 40)
+	for range 3 {
+		d, err := b.Allow(ctx, req)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	req.Charges = append(req.Charges, ratelimit.Charge{Scope: scopeDep, Limit: ratelimit.Limit{Kind: ratelimit.Concurrency, Limit: 1}, Cost: 1})
+	for range 2 {
+		st, err := a.Peek(ctx, req.Charges)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st) != 3 || st[0].Remaining != 97 || st[1].Remaining != 10_000-120 || st[2].Remaining != 97 {
+			t.Fatalf("Peek = %+v; want 97 requests and 9880 tokens left (the concurrency limit left out)", st)
+		}
+	}
+	if s := a.Stats(); s.Admitted != 0 || s.Denied != 0 {
+		t.Errorf("peeks counted in Stats: %+v", s)
+	}
+}

@@ -512,6 +512,45 @@ func (l *Limiter) Allow(ctx context.Context, req Request) (Decision, error) {
 	return d, nil
 }
 
+// peekLane is the lane of Peek's requests: no waiter is ever in it, so a
+// peek is never held back behind one.
+const peekLane = "llmgate-peek"
+
+// Peek reports the state in the store of the rate limits of charges (their
+// concurrency limits are left out) without charging anything: the Status
+// an Allow of the same request costing nothing would report. Local blocks
+// are skipped, so the view is the store's, every replica's use included.
+// Peeks are not counted in Stats.
+func (l *Limiter) Peek(ctx context.Context, charges []Charge) ([]Status, error) {
+	req := Request{Lane: peekLane, Charges: make([]Charge, 0, len(charges))}
+	for _, c := range charges {
+		if c.Limit.Kind == Concurrency {
+			continue
+		}
+		c.Cost = 0
+		req.Charges = append(req.Charges, c)
+	}
+	r, err := normalize(req)
+	if err != nil {
+		return nil, err
+	}
+	d, err := l.b.Admit(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if !d.Allowed {
+		return d.Limits, nil
+	}
+	// A request counts 1 on its requests limits whatever its cost: the
+	// peek's own is refunded, and left out of what it reports.
+	for i := range d.Limits {
+		if s := &d.Limits[i]; s.Kind == Requests {
+			s.Remaining = min(s.Remaining+1, s.Limit)
+		}
+	}
+	return d.Limits, l.b.Settle(ctx, d.ID, nil)
+}
+
 // tryLocal admits r from a local block when the Limiter has a local quota.
 // done false means r goes to the store; p is then its pool (nil without a
 // local quota), to tell what the store decided.

@@ -160,6 +160,7 @@ func (g *Gateway) routes() {
 	mux.Handle("GET /metrics", g.metricsHandler())
 	mux.HandleFunc("GET /admin/usage", g.admin(g.serveAdminUsage))
 	mux.HandleFunc("GET /admin/deployments", g.admin(g.serveAdminDeployments))
+	g.routeDashboard(mux)
 	mux.HandleFunc("/", g.serveNotFound)
 	g.mux = mux
 }
