@@ -4,12 +4,13 @@
 //
 // An attempt runs acquire.lua on every instance at once: SET NX PX of the
 // owner's token and, where it succeeds, a fence minted by that instance's
-// own counter (max(counter, floor) + 1, floor being the highest fence this
-// Backend has seen). The attempt succeeds when a quorum (N/2+1) took the key
-// before its validity ran out. Validity is TTL − elapsed − drift, drift
-// being TTL×1% + 2 ms as in the Redlock description (lock.SafeValidity,
-// counted from the moment the attempt was sent). A failed attempt deletes the
-// key from the instances it did take, including those that answer late.
+// own counter: max(counter, floor) + 1. The floor is the highest fence this
+// Backend has seen, or this machine's clock in µs plus a second if that is
+// higher. The attempt succeeds when a quorum (N/2+1) took the key before
+// its validity ran out. Validity is TTL − elapsed − drift, drift being
+// TTL×1% + 2 ms as in the Redlock description (lock.SafeValidity, counted
+// from the moment the attempt was sent). A failed attempt deletes the key
+// from the instances it did take, including those that answer late.
 //
 // # Fencing
 //
@@ -22,24 +23,28 @@
 // two majorities of N always share an instance j (|M| + |Q| > N). Its key
 // on j could only be set after ours left j, so after our counter write on j:
 // its own answer from j is > t, and its fence (a maximum over Q) is > t.
-//
+// The floor and the clocks only ever raise counters, so they cannot break
+// this; they make the answers equal (one round trip of wall time, all
+// instances being asked in parallel) whenever every counter is below the
+// floor: uncontended acquisitions, new keys, instances that lost their
+// counter. The second round is paid when counters are ahead of the clock
+// (a burst of acquisitions on one key within a second, or clocks apart).
 // Releases raise every instance's counter to the releaser's highest fence,
-// so the counters normally stay equal and an uncontended acquisition takes
-// one round trip of wall time (all instances are asked in parallel); the
-// second round is paid after contention, a restart or an unreachable
-// instance. A release is one round trip.
+// which keeps counters equal. A release is one round trip.
 //
 // # Lost data
 //
 // An instance restarted without persistence loses its keys and counters.
-// A missing counter starts from the server's clock in µs, and fences count
-// up by one per acquisition, so a restarted instance's counter starts above
-// every earlier fence as long as its clock is not behind (by more than the
-// time since those fences were minted) the clock of the instance a counter
-// was started on. Lost keys let a second holder in while the first still
-// holds the others: Redlock's answer is to keep a restarted instance down
-// for at least the longest TTL (the delay-restart rule); with fencing, the
-// second holder's larger fence makes storage reject the first's writes
+// Counters: the proof above needs the shared instance j to remember its
+// counter. When it does not, fences still grow as long as the clocks do:
+// a missing counter starts from the server's clock in µs, and every floor
+// is the client's clock plus a second, while counters grow by one per
+// acquisition (fewer than one per µs). So fences stay monotonic through a
+// data loss while the clocks of instances and clients agree within about a
+// second (NTP). Keys: a lost key lets a second holder in while the first
+// still holds the others. Redlock's answer is to keep a restarted instance
+// down for at least the longest TTL (the delay-restart rule); with fencing,
+// the second holder's larger fence makes storage reject the first's writes
 // instead. See docs/lock.md.
 //
 // Waiting is polling: Acquire retries after a random delay; there is no
@@ -171,6 +176,21 @@ func (b *Backend) keys(key string) []string { k := b.Key(key); return []string{k
 
 func (b *Backend) floor() string { return strconv.FormatUint(b.maxFence.Load(), 10) }
 
+// clockLead is how far ahead of this machine's clock an acquisition's floor
+// is set: further than the instances' clocks may be ahead of ours (they
+// start missing counters from their clocks), so that every counter of an
+// uncontended acquisition sits below the floor and all answer floor + 1.
+const clockLead = time.Second
+
+// acquireFloor is the floor of an acquisition: the highest fence seen, or
+// this machine's clock in µs plus clockLead if that is higher. It only
+// raises counters (always safe); equal floors give equal answers, so the
+// acquisition needs one round even on a new key or after an instance lost
+// its counter, and fences stay above the clocks.
+func (b *Backend) acquireFloor() string {
+	return strconv.FormatUint(max(b.maxFence.Load(), uint64(time.Now().Add(clockLead).UnixMicro())), 10)
+}
+
 func (b *Backend) seen(fence uint64) {
 	for {
 		cur := b.maxFence.Load()
@@ -277,7 +297,7 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 	valid := lock.SafeValidity(start, ttl)
 	keys := b.keys(key)
 	ttlMS := strconv.FormatInt(ttl.Milliseconds(), 10)
-	f := b.fanout(ctx, b.callDeadline(ctx, start, ttl), acquireScript, keys, token, ttlMS, b.floor())
+	f := b.fanout(ctx, b.callDeadline(ctx, start, ttl), acquireScript, keys, token, ttlMS, b.acquireFloor())
 	taken := func(a answer) bool { return a.err == nil && a.v > 0 }
 	if f.until(b.quorum, taken) {
 		var fence int64

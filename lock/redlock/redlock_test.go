@@ -68,9 +68,9 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// TestOneRoundWhenCountersAgree: releases keep the instances' counters
-// equal, so only the first acquisition of a key (whose counters start from
-// each server's clock) needs the second round.
+// TestOneRoundWhenCountersAgree: the acquisition floor (above every
+// counter) and releases keep the instances' answers equal, so uncontended
+// acquisitions, of a new key too, need one round.
 func TestOneRoundWhenCountersAgree(t *testing.T) {
 	ctx := testCtx(t)
 	rs := startInstances(t, 3)
@@ -90,10 +90,8 @@ func TestOneRoundWhenCountersAgree(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The first takes two; a second may, if an instance whose answer came
-	// after the quorum's had started its counter higher.
-	if one, two := b.Rounds(); two < 1 || two > 2 || one+two != 20 {
-		t.Fatalf("rounds: %d with one, %d with two; want 1 or 2 with two", one, two)
+	if one, two := b.Rounds(); two != 0 || one != 20 {
+		t.Fatalf("rounds: %d with one, %d with two; want 20 and 0", one, two)
 	}
 }
 
