@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -36,8 +37,10 @@ func benchRTT(b *testing.B) time.Duration {
 // Redlock over 3 independent redis-servers, each behind a DelayProxy that
 // adds the same round trip, for llmgate's lock/redlock and for redsync in
 // the same run. It reports each step's wall time in round trips of the
-// injected RTT (acquire-RTTs, release-RTTs): with every instance asked in
-// parallel, the floor is 1 each.
+// injected RTT (acquire-RTTs, release-RTTs), and in parallel PINGs to the
+// three instances timed between the pairs (acquire-pings, release-pings),
+// which also pay the proxy's and client's overhead: with every instance
+// asked in parallel, one round trip is 1 PING.
 //
 //	go test -run '^$' -bench RedlockRTT -benchtime 200x ./...
 func BenchmarkRedlockRTT(b *testing.B) {
@@ -66,7 +69,10 @@ func BenchmarkRedlockRTT(b *testing.B) {
 				b.Fatal(err)
 			}
 			l := lock.New(be)
-			run(b, rtt, func(i int) (func() error, error) {
+			ping := func() error {
+				return fanPing(len(cs), func(i int) error { return cs[i].Do(ctx, cs[i].B().Ping().Build()).Error() })
+			}
+			run(b, rtt, ping, func(i int) (func() error, error) {
 				key := "k"
 				if freshKey {
 					key = fmt.Sprintf("fresh-%d-%d", b.N, i)
@@ -85,6 +91,7 @@ func BenchmarkRedlockRTT(b *testing.B) {
 	b.Run("llmgate-fresh-key", llmgate(true))
 	b.Run("redsync", func(b *testing.B) {
 		pools := make([]redsyncredis.Pool, len(addrs))
+		cs := make([]*goredis.Client, len(addrs))
 		for i, a := range addrs {
 			c := goredis.NewClient(&goredis.Options{Addr: a})
 			b.Cleanup(func() { _ = c.Close() })
@@ -92,9 +99,13 @@ func BenchmarkRedlockRTT(b *testing.B) {
 				b.Fatal(err)
 			}
 			pools[i] = redsyncgoredis.NewPool(c)
+			cs[i] = c
 		}
 		rs := redsync.New(pools...)
-		run(b, rtt, func(int) (func() error, error) {
+		ping := func() error {
+			return fanPing(len(cs), func(i int) error { return cs[i].Ping(ctx).Err() })
+		}
+		run(b, rtt, ping, func(int) (func() error, error) {
 			mu := rs.NewMutex("k", redsync.WithExpiry(opts.TTL), redsync.WithTries(1))
 			if err := mu.LockContext(ctx); err != nil {
 				return nil, err
@@ -110,9 +121,143 @@ func BenchmarkRedlockRTT(b *testing.B) {
 	})
 }
 
+// BenchmarkRedlockHandOff times how long a waiter blocked in Acquire takes
+// to get the lock after the holder's release returned, over the same 3
+// delayed instances: handoff-RTTs. Neither Redlock queues waiters: both
+// poll, llmgate every 25–50 ms (Config.RetryDelay), redsync with its
+// default 50–250 ms random delay.
+//
+//	go test -run '^$' -bench RedlockHandOff -benchtime 50x ./...
+func BenchmarkRedlockHandOff(b *testing.B) {
+	rtt := benchRTT(b)
+	addrs := make([]string, 3)
+	for i := range addrs {
+		r := testutil.StartRedis(b)
+		addrs[i] = testutil.StartDelayProxy(b, r.Addr, rtt).Addr
+	}
+	ctx := b.Context()
+	opts := lock.Options{TTL: 10 * time.Second}
+	b.Run("llmgate", func(b *testing.B) {
+		mk := func() *lock.Locker {
+			cs := make([]rueidis.Client, len(addrs))
+			for i, a := range addrs {
+				c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{a}, DisableCache: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(c.Close)
+				cs[i] = c
+			}
+			be, err := redlock.New(cs, redlock.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return lock.New(be)
+		}
+		holder, waiter := mk(), mk()
+		handOff(b, rtt, func() (func() error, error) {
+			l, err := holder.TryAcquire(ctx, "k", opts)
+			if err != nil {
+				return nil, err
+			}
+			return func() error { return l.Release(ctx) }, nil
+		}, func() (func() error, error) {
+			l, err := waiter.Acquire(ctx, "k", opts)
+			if err != nil {
+				return nil, err
+			}
+			return func() error { return l.Release(ctx) }, nil
+		})
+	})
+	b.Run("redsync", func(b *testing.B) {
+		mk := func() *redsync.Redsync {
+			pools := make([]redsyncredis.Pool, len(addrs))
+			for i, a := range addrs {
+				c := goredis.NewClient(&goredis.Options{Addr: a})
+				b.Cleanup(func() { _ = c.Close() })
+				if err := c.Ping(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				pools[i] = redsyncgoredis.NewPool(c)
+			}
+			return redsync.New(pools...)
+		}
+		holder, waiter := mk(), mk()
+		take := func(rs *redsync.Redsync, tries int) func() (func() error, error) {
+			return func() (func() error, error) {
+				mu := rs.NewMutex("k", redsync.WithExpiry(opts.TTL), redsync.WithTries(tries))
+				if err := mu.LockContext(ctx); err != nil {
+					return nil, err
+				}
+				return func() error {
+					ok, err := mu.UnlockContext(ctx)
+					if err == nil && !ok {
+						err = lock.ErrNotHeld
+					}
+					return err
+				}, nil
+			}
+		}
+		handOff(b, rtt, take(holder, 1), take(waiter, 1000))
+	})
+}
+
+// handOff runs b.N hand-offs: the holder takes the lock, the waiter starts
+// waiting, and once the waiter has waited a while the holder releases.
+func handOff(b *testing.B, rtt time.Duration, hold, wait func() (func() error, error)) {
+	var total time.Duration
+	for i := 0; b.Loop(); i++ {
+		release, err := hold()
+		if err != nil {
+			b.Fatalf("holder %d: %v", i, err)
+		}
+		type got struct {
+			release func() error
+			at      time.Time
+			err     error
+		}
+		ch := make(chan got, 1)
+		go func() {
+			r, err := wait()
+			ch <- got{r, time.Now(), err}
+		}()
+		<-time.After(20 * rtt) // the waiter is mid-wait: the state under test
+		if err := release(); err != nil {
+			b.Fatalf("holder release %d: %v", i, err)
+		}
+		released := time.Now()
+		g := <-ch
+		if g.err != nil {
+			b.Fatalf("waiter %d: %v", i, g.err)
+		}
+		total += g.at.Sub(released)
+		if err := g.release(); err != nil {
+			b.Fatalf("waiter release %d: %v", i, err)
+		}
+	}
+	b.ReportMetric(float64(total)/float64(b.N)/float64(rtt), "handoff-RTTs")
+}
+
+// fanPing sends a PING to each of n instances in parallel and waits for
+// all: one round trip of wall time through the same proxies, the unit that
+// acquire-pings and release-pings count in.
+func fanPing(n int, ping func(i int) error) error {
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- ping(i) }()
+	}
+	var err error
+	for range n {
+		err = errors.Join(err, <-errs)
+	}
+	return err
+}
+
 // run times b.N acquire (take) and release pairs, after one warm-up pair
-// (connections and script caches), and reports them in RTTs.
-func run(b *testing.B, rtt time.Duration, take func(i int) (func() error, error)) {
+// (connections and script caches), and reports them in RTTs of the
+// injected delay and in parallel PINGs timed between the pairs (which also
+// pay the proxy's and the client's own overhead).
+func run(b *testing.B, rtt time.Duration, ping func() error, take func(i int) (func() error, error)) {
 	release, err := take(-1)
 	if err != nil {
 		b.Fatalf("warm-up acquire: %v", err)
@@ -120,7 +265,7 @@ func run(b *testing.B, rtt time.Duration, take func(i int) (func() error, error)
 	if err := release(); err != nil {
 		b.Fatalf("warm-up release: %v", err)
 	}
-	var acq, rel time.Duration
+	var acq, rel, pings time.Duration
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		t0 := time.Now()
@@ -132,10 +277,17 @@ func run(b *testing.B, rtt time.Duration, take func(i int) (func() error, error)
 		if err := release(); err != nil {
 			b.Fatalf("release %d: %v", i, err)
 		}
+		t2 := time.Now()
+		if err := ping(); err != nil {
+			b.Fatalf("ping %d: %v", i, err)
+		}
 		acq += t1.Sub(t0)
-		rel += time.Since(t1)
+		rel += t2.Sub(t1)
+		pings += time.Since(t2)
 	}
 	n := float64(b.N)
 	b.ReportMetric(float64(acq)/n/float64(rtt), "acquire-RTTs")
 	b.ReportMetric(float64(rel)/n/float64(rtt), "release-RTTs")
+	b.ReportMetric(float64(acq)/float64(pings), "acquire-pings")
+	b.ReportMetric(float64(rel)/float64(pings), "release-pings")
 }
