@@ -58,6 +58,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -124,6 +125,7 @@ type Backend struct {
 	// of its acquisitions and what its releases raise counters to.
 	maxFence atomic.Uint64
 	rounds   [2]atomic.Int64 // acquisitions that took one round, two rounds
+	attempts atomic.Uint64   // numbers attempts, so that each writes its own value
 }
 
 var _ lock.Backend = (*Backend)(nil)
@@ -168,8 +170,9 @@ func (b *Backend) Quorum() int { return b.quorum }
 // took two (their quorum answered different fences).
 func (b *Backend) Rounds() (one, two int64) { return b.rounds[0].Load(), b.rounds[1].Load() }
 
-// Key returns the Redis key of the lock named key on every instance; its
-// fence counter is Key(key) + ":f".
+// Key returns the Redis key of the lock named key on every instance: its
+// value is "token:attempt" (the owner's token, and which of its attempts
+// set it), and its fence counter is Key(key) + ":f".
 func (b *Backend) Key(key string) string { return b.prefix + "{" + key + "}" }
 
 func (b *Backend) keys(key string) []string { k := b.Key(key); return []string{k, k + ":f"} }
@@ -297,7 +300,10 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 	valid := lock.SafeValidity(start, ttl)
 	keys := b.keys(key)
 	ttlMS := strconv.FormatInt(ttl.Milliseconds(), 10)
-	f := b.fanout(ctx, b.callDeadline(ctx, start, ttl), acquireScript, keys, token, ttlMS, b.acquireFloor())
+	// The value names the attempt, so that undoing a failed attempt can
+	// never delete the key a later attempt of the same acquisition set.
+	value := token + ":" + strconv.FormatUint(b.attempts.Add(1), 36)
+	f := b.fanout(ctx, b.callDeadline(ctx, start, ttl), acquireScript, keys, value, ttlMS, b.acquireFloor(), token)
 	taken := func(a answer) bool { return a.err == nil && a.v > 0 }
 	if f.until(b.quorum, taken) {
 		var fence int64
@@ -313,12 +319,12 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 			fence = max(fence, a.v)
 			n++
 		}
-		if !same && !b.raise(ctx, keys, token, fence, valid) {
-			b.abort(ctx, f, keys, token)
+		if !same && !b.raise(ctx, keys, value, fence, valid) {
+			b.abort(ctx, f, keys, value)
 			return lock.Grant{}, fmt.Errorf("%w: %q: the second round did not confirm on a quorum", lock.ErrNotObtained, key)
 		}
 		if !time.Now().Before(valid) {
-			b.abort(ctx, f, keys, token)
+			b.abort(ctx, f, keys, value)
 			return lock.Grant{}, fmt.Errorf("%w: %q: validity ran out during acquisition", lock.ErrNotObtained, key)
 		}
 		b.rounds[btoi(!same)].Add(1)
@@ -336,7 +342,7 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 		return lock.Grant{Fence: uint64(fence), ValidUntil: valid}, nil
 	}
 	err := f.errs()
-	b.abort(ctx, f, keys, token)
+	b.abort(ctx, f, keys, value)
 	held := 0
 	for _, a := range f.got {
 		if a.err == nil && a.v == 0 {
@@ -358,29 +364,36 @@ func btoi(v bool) int {
 
 // raise is the second round: counters raised to fence, ownership confirmed
 // on a quorum before valid.
-func (b *Backend) raise(ctx context.Context, keys []string, token string, fence int64, valid time.Time) bool {
+func (b *Backend) raise(ctx context.Context, keys []string, value string, fence int64, valid time.Time) bool {
 	deadline := b.callDeadline(ctx, time.Now(), time.Until(valid))
-	f := b.fanout(ctx, deadline, raiseScript, keys, token, strconv.FormatInt(fence, 10))
+	f := b.fanout(ctx, deadline, raiseScript, keys, value, strconv.FormatInt(fence, 10))
 	return f.until(b.quorum, func(a answer) bool { return a.err == nil && a.v == 1 })
 }
 
-// abort undoes a failed attempt: the key is deleted where it was taken,
-// now for the answers in and, in the background, for late ones.
-func (b *Backend) abort(ctx context.Context, f *fanout, keys []string, token string) {
+// abort undoes a failed attempt: the attempt's key is deleted wherever it
+// was taken, once every instance has answered (each call is bounded by its
+// deadline), so that nothing is left behind when the attempt returns. An
+// instance whose call failed may still run it late (a timeout, a paused
+// server): it is sent the undo too, in the background; the undo names
+// the attempt, so it cannot touch a later attempt's key, and a key it misses
+// expires within the lease.
+func (b *Backend) abort(ctx context.Context, f *fanout, keys []string, value string) {
 	ctx = context.WithoutCancel(ctx)
-	undo := func(as []answer) {
-		for _, a := range as {
-			if a.err == nil && a.v > 0 {
-				dctx, cancel := context.WithTimeout(ctx, b.callTimeout)
-				_ = releaseScript.Exec(dctx, b.cs[a.i], keys, []string{token, b.floor()}).Error()
-				cancel()
-			}
+	undo := func(i int) {
+		dctx, cancel := context.WithTimeout(ctx, b.callTimeout)
+		_ = releaseScript.Exec(dctx, b.cs[i], keys, []string{value, b.floor()}).Error()
+		cancel()
+	}
+	var wg sync.WaitGroup
+	for _, a := range append(f.got, f.rest()...) {
+		switch {
+		case a.err != nil:
+			go undo(a.i)
+		case a.v > 0:
+			wg.Go(func() { undo(a.i) })
 		}
 	}
-	undo(f.got)
-	if len(f.got) < f.n {
-		go func() { undo(f.rest()) }()
-	}
+	wg.Wait()
 }
 
 // TryAcquire makes one attempt.
@@ -428,7 +441,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 // returns ErrNotHeld when a quorum says token owns it nowhere there (the
 // lease had expired on a majority: someone else may have it).
 func (b *Backend) Release(ctx context.Context, key, token string) error {
-	f := b.fanout(ctx, b.callDeadline(ctx, time.Now(), 0), releaseScript, b.keys(key), token, b.floor())
+	f := b.fanout(ctx, b.callDeadline(ctx, time.Now(), 0), releaseScript, b.keys(key), token+":", b.floor())
 	for _, a := range f.rest() {
 		f.got = append(f.got, a)
 	}
@@ -463,7 +476,7 @@ func (b *Backend) verdict(f *fanout, key, op string) error {
 // from the moment the extension was sent.
 func (b *Backend) Extend(ctx context.Context, key, token string, ttl time.Duration) (time.Time, error) {
 	start := time.Now()
-	f := b.fanout(ctx, b.callDeadline(ctx, start, ttl), extendScript, b.keys(key)[:1], token, strconv.FormatInt(ttl.Milliseconds(), 10))
+	f := b.fanout(ctx, b.callDeadline(ctx, start, ttl), extendScript, b.keys(key)[:1], token+":", strconv.FormatInt(ttl.Milliseconds(), 10))
 	f.until(b.quorum, func(a answer) bool { return a.err == nil && a.v == 1 })
 	if err := b.verdict(f, key, "extend"); err != nil {
 		return time.Time{}, err

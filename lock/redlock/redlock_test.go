@@ -218,3 +218,36 @@ func TestRestartWithoutPersistence(t *testing.T) {
 		}
 	}
 }
+
+// TestEarlierAttemptKeyIsOurs: a key left by an earlier attempt of the same
+// acquisition (its answer lost, or its undo missed) does not block a retry,
+// and releasing by token deletes it; another token's key is not touched.
+func TestEarlierAttemptKeyIsOurs(t *testing.T) {
+	ctx := testCtx(t)
+	rs := startInstances(t, 3)
+	b := newBackend(t, rs, redlock.Config{})
+	token := lock.NewToken()
+	for _, r := range rs[:2] {
+		if _, err := r.Do(ctx, "SET", b.Key("k"), token+":old", "PX", "60000"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := rs[2].Do(ctx, "SET", b.Key("k"), "other:1", "PX", "60000"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.TryAcquire(ctx, "k", token, lock.Options{TTL: 5 * time.Second}); err != nil {
+		t.Fatalf("retry over our own earlier attempt's keys: %v", err)
+	}
+	if err := b.Release(ctx, "k", token); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	for i, r := range rs {
+		want := int64(0)
+		if i == 2 {
+			want = 1 // the other owner's key stays
+		}
+		if n := r.Int(t, "EXISTS", b.Key("k")); n != want {
+			t.Fatalf("instance %d: EXISTS = %d after the release, want %d", i, n, want)
+		}
+	}
+}
