@@ -126,6 +126,12 @@ type Backend struct {
 	maxFence atomic.Uint64
 	rounds   [2]atomic.Int64 // acquisitions that took one round, two rounds
 	attempts atomic.Uint64   // numbers attempts, so that each writes its own value
+	// stragglers maps the token of a lease whose acquisition still has
+	// calls in flight to a channel closed when they are all answered: its
+	// release waits for them, or a late SET could land after the release
+	// (rueidis resends a script as EVAL after NOSCRIPT, which lets a later
+	// command overtake it) and pin the key for a TTL.
+	stragglers sync.Map // token -> chan struct{}
 }
 
 var _ lock.Backend = (*Backend)(nil)
@@ -332,13 +338,19 @@ func (b *Backend) attempt(ctx context.Context, key, token string, ttl time.Durat
 		// Late answers that took the key belong to this lease: its release
 		// and renewals go to every instance. Their fences are remembered,
 		// so the release raises the other counters to them too.
-		go func() {
-			for _, a := range f.rest() {
-				if taken(a) {
-					b.seen(uint64(a.v))
+		if len(f.got) < f.n {
+			done := make(chan struct{})
+			b.stragglers.Store(token, done)
+			go func() {
+				for _, a := range f.rest() {
+					if taken(a) {
+						b.seen(uint64(a.v))
+					}
 				}
-			}
-		}()
+				close(done)
+				b.stragglers.Delete(token)
+			}()
+		}
 		return lock.Grant{Fence: uint64(fence), ValidUntil: valid}, nil
 	}
 	err := f.errs()
@@ -440,10 +452,37 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 // Release deletes the lock on every instance that token owns it on. It
 // returns ErrNotHeld when a quorum says token owns it nowhere there (the
 // lease had expired on a majority: someone else may have it).
+//
+// A connection error from one instance is retried twice (a restarted
+// instance's first call meets the broken connection): a release that
+// half-succeeded would otherwise be retried whole by Lease.Release and
+// reported as lost.
 func (b *Backend) Release(ctx context.Context, key, token string) error {
-	f := b.fanout(ctx, b.callDeadline(ctx, time.Now(), 0), releaseScript, b.keys(key), token+":", b.floor())
-	for _, a := range f.rest() {
-		f.got = append(f.got, a)
+	if done, ok := b.stragglers.Load(token); ok {
+		select {
+		case <-done.(chan struct{}):
+		case <-ctx.Done():
+		}
+	}
+	keys := b.keys(key)
+	f := b.fanout(ctx, b.callDeadline(ctx, time.Now(), 0), releaseScript, keys, token+":", b.floor())
+	f.got = append(f.got, f.rest()...)
+	for i, a := range f.got {
+		for retry := 1; retry <= 2 && a.err != nil && ctx.Err() == nil; retry++ {
+			if _, isReply := rueidis.IsRedisErr(a.err); isReply {
+				break
+			}
+			t := time.NewTimer(time.Duration(retry) * 10 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.callDeadline(ctx, time.Now(), 0))
+			a.v, a.err = releaseScript.Exec(cctx, b.cs[a.i], keys, []string{token + ":", b.floor()}).AsInt64()
+			cancel()
+		}
+		f.got[i] = a
 	}
 	return b.verdict(f, key, "release")
 }
