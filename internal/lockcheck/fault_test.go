@@ -28,7 +28,7 @@ import (
 
 // Environment.
 const (
-	envChild     = "LLMGATE_LOCKCHECK_CHILD"   // "1" in a child process
+	envChild     = "LLMGATE_LOCKCHECK_CHILD"     // "1" in a child process
 	envHistories = "LLMGATE_LOCKCHECK_HISTORIES" // histories to check in all (default 200)
 	envVisDir    = "LLMGATE_PORCUPINE_DIR"       // where visualisations of violations go (default t.TempDir())
 )

@@ -11,7 +11,9 @@ import (
 
 // Crafted histories: times are small integers, one unit apart.
 func TestModel(t *testing.T) {
-	acq := func(p int, c, r int64, f uint64) Event { return Event{Op: OpAcquire, Proc: p, Call: c, Ret: r, Fence: f} }
+	acq := func(p int, c, r int64, f uint64) Event {
+		return Event{Op: OpAcquire, Proc: p, Call: c, Ret: r, Fence: f}
+	}
 	w := func(p, seq int, c, r int64, f uint64, ok bool) []Event {
 		return []Event{{Op: OpWriteCall, Proc: p, Seq: seq, Call: c, Fence: f}, {Op: OpWriteRet, Proc: p, Seq: seq, Ret: r, OK: ok}}
 	}
