@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -46,14 +47,19 @@ func benchRTT(b *testing.B) time.Duration {
 func BenchmarkRedlockRTT(b *testing.B) {
 	rtt := benchRTT(b)
 	addrs := make([]string, 3)
+	servers := make([]*testutil.Redis, 3)
 	for i := range addrs {
-		r := testutil.StartRedis(b)
-		addrs[i] = testutil.StartDelayProxy(b, r.Addr, rtt).Addr
+		servers[i] = testutil.StartRedis(b)
+		addrs[i] = testutil.StartDelayProxy(b, servers[i].Addr, rtt).Addr
 	}
 	ctx := b.Context()
 	opts := lock.Options{TTL: 10 * time.Second}
 
-	llmgate := func(freshKey bool) func(b *testing.B) {
+	// llmgate runs lock/redlock: on one key, on a new key each time, or
+	// (twoRounds) on one key whose counters are first set apart on every
+	// instance, directly and untimed, so that every quorum disagrees and
+	// pays the second round.
+	llmgate := func(freshKey, twoRounds bool) func(b *testing.B) {
 		return func(b *testing.B) {
 			cs := make([]rueidis.Client, len(addrs))
 			for i, a := range addrs {
@@ -72,7 +78,19 @@ func BenchmarkRedlockRTT(b *testing.B) {
 			ping := func() error {
 				return fanPing(len(cs), func(i int) error { return cs[i].Do(ctx, cs[i].B().Ping().Build()).Error() })
 			}
-			run(b, rtt, ping, func(i int) (func() error, error) {
+			var prep func(i int)
+			if twoRounds {
+				base := time.Now().Add(time.Hour).UnixMicro()
+				prep = func(i int) {
+					for j, r := range servers {
+						v := strconv.FormatInt(base+int64(i+2)*10+int64(j), 10)
+						if _, err := r.Do(ctx, "SET", be.Key("k")+":f", v); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			}
+			run(b, rtt, ping, prep, func(i int) (func() error, error) {
 				key := "k"
 				if freshKey {
 					key = fmt.Sprintf("fresh-%d-%d", b.N, i)
@@ -87,8 +105,9 @@ func BenchmarkRedlockRTT(b *testing.B) {
 			b.ReportMetric(float64(two)/float64(one+two), "two-round-share")
 		}
 	}
-	b.Run("llmgate", llmgate(false))
-	b.Run("llmgate-fresh-key", llmgate(true))
+	b.Run("llmgate", llmgate(false, false))
+	b.Run("llmgate-fresh-key", llmgate(true, false))
+	b.Run("llmgate-two-rounds", llmgate(false, true))
 	b.Run("redsync", func(b *testing.B) {
 		pools := make([]redsyncredis.Pool, len(addrs))
 		cs := make([]*goredis.Client, len(addrs))
@@ -105,7 +124,7 @@ func BenchmarkRedlockRTT(b *testing.B) {
 		ping := func() error {
 			return fanPing(len(cs), func(i int) error { return cs[i].Ping(ctx).Err() })
 		}
-		run(b, rtt, ping, func(int) (func() error, error) {
+		run(b, rtt, ping, nil, func(int) (func() error, error) {
 			mu := rs.NewMutex("k", redsync.WithExpiry(opts.TTL), redsync.WithTries(1))
 			if err := mu.LockContext(ctx); err != nil {
 				return nil, err
@@ -257,7 +276,11 @@ func fanPing(n int, ping func(i int) error) error {
 // (connections and script caches), and reports them in RTTs of the
 // injected delay and in parallel PINGs timed between the pairs (which also
 // pay the proxy's and the client's own overhead).
-func run(b *testing.B, rtt time.Duration, ping func() error, take func(i int) (func() error, error)) {
+// prep, if not nil, runs untimed before each acquisition.
+func run(b *testing.B, rtt time.Duration, ping func() error, prep func(i int), take func(i int) (func() error, error)) {
+	if prep != nil {
+		prep(-1)
+	}
 	release, err := take(-1)
 	if err != nil {
 		b.Fatalf("warm-up acquire: %v", err)
@@ -268,6 +291,9 @@ func run(b *testing.B, rtt time.Duration, ping func() error, take func(i int) (f
 	var acq, rel, pings time.Duration
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
+		if prep != nil {
+			prep(i)
+		}
 		t0 := time.Now()
 		release, err := take(i)
 		t1 := time.Now()
