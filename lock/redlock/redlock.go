@@ -27,8 +27,9 @@
 // this; they make the answers equal (one round trip of wall time, all
 // instances being asked in parallel) whenever every counter is below the
 // floor: uncontended acquisitions, new keys, instances that lost their
-// counter. The second round is paid when counters are ahead of the clock
-// (a burst of acquisitions on one key within a second, or clocks apart).
+// counter. The second round is paid when some counters are above the
+// floor: a competing attempt raised them (contention), or a client or
+// server whose clock is more than a second ahead set them.
 // Releases raise every instance's counter to the releaser's highest fence,
 // which keeps counters equal. A release is one round trip.
 //
