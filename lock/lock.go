@@ -6,8 +6,9 @@
 // key; storage that must not accept stale writes should reject any token
 // lower than the highest it has seen.
 //
-// The store side is a Backend: lock/memory for one process and lock/redis
-// for many. Both pass the conformance suite in lock/locktest.
+// The store side is a Backend: lock/memory for one process, lock/redis for
+// many, lock/redlock over independent Redis instances. They pass the
+// conformance suite in lock/locktest.
 package lock
 
 import (
