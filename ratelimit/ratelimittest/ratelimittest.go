@@ -3,7 +3,9 @@
 // A backend's own tests call Run with a constructor; the suite drives the
 // backend through the public ratelimit.Limiter API with real time and real
 // goroutines, so it checks the whole limiter (validation, the Wait loop,
-// the outage policy and the backend) and not a model of it.
+// the outage policy and the backend) and not a model of it. A backend that
+// takes a clock also runs RunFakeClock: the tests where only the store's
+// time matters, on a fake clock, with exact bounds.
 //
 // Every Limiter the suite builds sits on a thin wrapper around the backend
 // that reports when an Enqueue left a request waiting: that is how the
@@ -25,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/clock"
 	"github.com/llmgate/llmgate/ratelimit"
 )
 
@@ -115,9 +118,61 @@ func Run(t *testing.T, newBackend func(t *testing.T) ratelimit.Backend) {
 
 type suite struct {
 	newBackend func(t *testing.T) ratelimit.Backend
+	// fake, when set, is the clock the backends run on: the tests that use
+	// s.now, s.sleep and friends step it instead of waiting.
+	fake *clock.Fake
 	// late is how late a waiter may be admitted, or give up, after the
 	// event that should make it do so (a Settle, a refill, its deadline).
 	late time.Duration
+}
+
+// RunFakeClock runs, as subtests of t, the tests of the suite in which
+// time passes only for the store (nothing waits in a queue): refills,
+// holds, cooldowns and learned limits. Every backend newBackend returns must
+// read the time from clk; the tests step clk instead of sleeping, so each
+// bound is exact however slow the machine. Wait runs on the real clock, so
+// the waiting tests are left to Run.
+func RunFakeClock(t *testing.T, clk *clock.Fake, newBackend func(t *testing.T) ratelimit.Backend) {
+	s := &suite{newBackend: newBackend, fake: clk, late: lateFloor}
+	for _, tc := range []struct {
+		name string
+		fn   func(t *testing.T)
+	}{
+		{"BurstThenRefill", s.testBurstThenRefill},
+		{"BurstDefaultsToWindow", s.testBurstDefault},
+		{"ReservationExpiresAndExtends", s.testReservationHold},
+		{"ConcurrencyPermitExpiresAfterHold", s.testPermitExpiry},
+		{"ConcurrencyExtendKeepsPermit", s.testPermitExtend},
+		{"Cooldown", s.testCooldown},
+		{"LearnExpires", s.testLearnExpires},
+	} {
+		t.Run(tc.name, tc.fn)
+	}
+}
+
+// now is the time of the store's clock: the fake one, or the real one.
+func (s *suite) now() time.Time {
+	if s.fake != nil {
+		return s.fake.Now()
+	}
+	return time.Now()
+}
+
+func (s *suite) since(t time.Time) time.Duration { return s.now().Sub(t) }
+
+func (s *suite) until(t time.Time) time.Duration { return t.Sub(s.now()) }
+
+// sleep lets d pass: it steps the fake clock, or sleeps (in the tests
+// where the passage of time is what is tested).
+func (s *suite) sleep(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	if s.fake != nil {
+		s.fake.Advance(d)
+		return
+	}
+	time.Sleep(d)
 }
 
 // lateBound measures the store's round trip (the median of a few
@@ -557,10 +612,10 @@ func (s *suite) testBurstThenRefill(t *testing.T) {
 	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: n, Window: 4 * time.Second}
 	period := rateP(lim) // 400ms per request
 
-	start := time.Now()
+	start := s.now()
 	for i := range int64(n) {
 		d := mustAllow(t, ctx, c, one(scope, lim, 0), fmt.Sprintf("request %d of the burst", i))
-		elapsed := time.Since(start)
+		elapsed := s.since(start)
 		st := d.Limits[0]
 		if st.Scope != scope || st.Kind != ratelimit.Requests || st.Limit != n {
 			t.Fatalf("status %+v, want scope %q kind requests limit %d", st, scope, n)
@@ -572,7 +627,7 @@ func (s *suite) testBurstThenRefill(t *testing.T) {
 		wantDuration(t, st.Reset, time.Duration(i+1)*period-elapsed-tol, time.Duration(i+1)*period+tol, fmt.Sprintf("request %d: Reset", i))
 	}
 	d := mustDeny(t, ctx, c, one(scope, lim, 0), "request after the burst")
-	since := time.Since(start)
+	since := s.since(start)
 	if since > period/2 {
 		t.Logf("the burst took %v (slow machine); bounds widen accordingly", since)
 	}
@@ -588,13 +643,13 @@ func (s *suite) testBurstThenRefill(t *testing.T) {
 	wantDuration(t, d.Limits[0].Reset, n*period-since-tol, n*period+tol, "Reset after the burst")
 
 	// Exactly when RetryAfter said, one more fits, and only one.
-	due := time.Now().Add(d.RetryAfter)
-	time.Sleep(d.RetryAfter) // the passage of time is what is tested
+	due := s.now().Add(d.RetryAfter)
+	s.sleep(d.RetryAfter) // the passage of time is what is tested
 	d = mustAllow(t, ctx, c, one(scope, lim, 0), "request at RetryAfter")
 	if st := d.Limits[0]; st.Remaining != 0 {
 		t.Fatalf("Remaining after the refilled request = %d, want 0", st.Remaining)
 	}
-	late := time.Since(due)
+	late := s.since(due)
 	d = mustDeny(t, ctx, c, one(scope, lim, 0), "second request at RetryAfter")
 	// It took late past the due instant to get here; the next unit is
 	// period after the due instant.
@@ -618,7 +673,7 @@ func (s *suite) testBurstDefault(t *testing.T) {
 	} {
 		scope := newScope(t, tc.name)
 		lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 6, Window: time.Minute, Burst: tc.burst}
-		start := time.Now()
+		start := s.now()
 		for i := range tc.want {
 			d := mustAllow(t, ctx, c, one(scope, lim, 1), fmt.Sprintf("%s: request %d", tc.name, i))
 			if got, want := d.Limits[0].Remaining, tc.want-i-1; got != want {
@@ -626,7 +681,7 @@ func (s *suite) testBurstDefault(t *testing.T) {
 			}
 		}
 		d := mustDeny(t, ctx, c, one(scope, lim, 1), tc.name+": request after the burst")
-		wantDuration(t, d.RetryAfter, 10*time.Second-time.Since(start)-tol, 10*time.Second+tol, tc.name+": RetryAfter")
+		wantDuration(t, d.RetryAfter, 10*time.Second-s.since(start)-tol, 10*time.Second+tol, tc.name+": RetryAfter")
 	}
 
 	// A quiet window later the full allowance is back, and not more.
@@ -635,7 +690,7 @@ func (s *suite) testBurstDefault(t *testing.T) {
 	for i := range 5 {
 		mustAllow(t, ctx, c, one(scope, lim, 1), fmt.Sprintf("first burst %d", i))
 	}
-	time.Sleep(3 * lim.Window) // quiet: three windows' worth would flow in, uncapped
+	s.sleep(3 * lim.Window) // quiet: three windows' worth would flow in, uncapped
 	d := mustAllow(t, ctx, c, one(scope, lim, 1), "after the quiet period")
 	if got := d.Limits[0].Remaining; got != 4 {
 		t.Fatalf("Remaining after a quiet period and one request = %d, want 4 (the bucket caps at its burst)", got)
@@ -1082,7 +1137,7 @@ func (s *suite) testReservationHold(t *testing.T) {
 	if err := c.Extend(ctx, kept.ID, 5*time.Second); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	time.Sleep(hold + 100*time.Millisecond) // let the hold pass
+	s.sleep(hold + 100*time.Millisecond) // let the hold pass
 	if err := c.Settle(ctx, dropped.ID, []int64{0}); !errors.Is(err, ratelimit.ErrUnknownReservation) {
 		t.Fatalf("Settle after the hold = %v, want ErrUnknownReservation", err)
 	}
@@ -1141,17 +1196,17 @@ func (s *suite) testPermitExpiry(t *testing.T) {
 	const hold = 300 * time.Millisecond
 	r := one(C, conc(1), 1)
 	r.Hold = hold
-	start := time.Now()
+	start := s.now()
 	mustAllow(t, ctx, c, r, "permit with a short hold")
-	admitted := time.Now() // the permit expires between start+hold and admitted+hold
+	admitted := s.now() // the permit expires between start+hold and admitted+hold
 	mustDeny(t, ctx, other, one(C, conc(1), 1), "while held")
-	if wait := time.Until(start.Add(hold - 100*time.Millisecond)); wait > 0 {
-		time.Sleep(wait)
-		if time.Since(start) < hold-50*time.Millisecond { // checked in time
+	if wait := s.until(start.Add(hold - 100*time.Millisecond)); wait > 0 {
+		s.sleep(wait)
+		if s.since(start) < hold-50*time.Millisecond { // checked in time
 			mustDeny(t, ctx, other, one(C, conc(1), 1), "just before the hold ends")
 		}
 	}
-	time.Sleep(time.Until(admitted.Add(hold + 20*time.Millisecond)))
+	s.sleep(s.until(admitted.Add(hold + 20*time.Millisecond)))
 	mustAllow(t, ctx, other, one(C, conc(1), 1), "after the hold")
 }
 
@@ -1167,7 +1222,7 @@ func (s *suite) testPermitExtend(t *testing.T) {
 	if err := other.Extend(ctx, d.ID, 3*time.Second); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	time.Sleep(hold + 200*time.Millisecond) // past the original hold
+	s.sleep(hold + 200*time.Millisecond) // past the original hold
 	mustDeny(t, ctx, other, one(C, conc(1), 1), "after the original hold, extended")
 	if err := c.Extend(ctx, d.ID, 3*time.Second); err != nil {
 		t.Fatalf("second Extend: %v", err)
@@ -1611,7 +1666,7 @@ func (s *suite) testCooldown(t *testing.T) {
 	a, b := s.client(t), s.client(t)
 	S, other := newScope(t, "S"), newScope(t, "other")
 	const first = 5 * time.Second
-	start := time.Now()
+	start := s.now()
 	left, err := a.Cooldown(ctx, S, first)
 	if err != nil {
 		t.Fatal(err)
@@ -1630,7 +1685,7 @@ func (s *suite) testCooldown(t *testing.T) {
 		if d.DeniedBy != S {
 			t.Fatalf("%s: denied by %q, want %q", tc.name, d.DeniedBy, S)
 		}
-		wantDuration(t, d.RetryAfter, first-time.Since(start)-tol, first+tol, tc.name+": RetryAfter in a cooldown")
+		wantDuration(t, d.RetryAfter, first-s.since(start)-tol, first+tol, tc.name+": RetryAfter in a cooldown")
 	}
 	wantRemaining(t, ctx, b, other, rpm(100), 100, 100, "the other scope of refused requests")
 
@@ -1639,21 +1694,21 @@ func (s *suite) testCooldown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantDuration(t, left, first-time.Since(start)-tol, first+tol, "shorter Cooldown's answer")
-	time.Sleep(200 * time.Millisecond) // past the shorter one
+	wantDuration(t, left, first-s.since(start)-tol, first+tol, "shorter Cooldown's answer")
+	s.sleep(200 * time.Millisecond) // past the shorter one
 	d := mustDeny(t, ctx, a, one(S, rpm(100), 1), "after the shorter cooldown would have ended")
-	wantDuration(t, d.RetryAfter, first-time.Since(start)-tol, first-200*time.Millisecond+tol, "RetryAfter after a shorter Cooldown")
+	wantDuration(t, d.RetryAfter, first-s.since(start)-tol, first-200*time.Millisecond+tol, "RetryAfter after a shorter Cooldown")
 
 	// A longer one extends it.
 	const longer = 10 * time.Second
-	extended := time.Now()
+	extended := s.now()
 	left, err = b.Cooldown(ctx, S, longer)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantDuration(t, left, longer-tol, longer, "longer Cooldown's answer")
 	d = mustDeny(t, ctx, a, one(S, rpm(100), 1), "after the longer cooldown")
-	wantDuration(t, d.RetryAfter, longer-time.Since(extended)-tol, longer+tol, "RetryAfter after a longer Cooldown")
+	wantDuration(t, d.RetryAfter, longer-s.since(extended)-tol, longer+tol, "RetryAfter after a longer Cooldown")
 
 	// It ends on time.
 	E := newScope(t, "E")
@@ -1661,7 +1716,7 @@ func (s *suite) testCooldown(t *testing.T) {
 		t.Fatal(err)
 	}
 	d = mustDeny(t, ctx, b, one(E, rpm(100), 1), "in a short cooldown")
-	time.Sleep(d.RetryAfter + 5*time.Millisecond)
+	s.sleep(d.RetryAfter + 5*time.Millisecond)
 	mustAllow(t, ctx, b, one(E, rpm(100), 1), "after the cooldown")
 }
 
@@ -1799,20 +1854,20 @@ func (s *suite) testLearnExpires(t *testing.T) {
 	S := newScope(t, "S")
 	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 100, Window: time.Second} // one per 10ms
 	const ttl = 300 * time.Millisecond
-	before := time.Now()
+	before := s.now()
 	if err := a.Learn(ctx, S, lim, ratelimit.Learned{Limit: 1, Remaining: 0, TTL: ttl}); err != nil { // one a second, none left
 		t.Fatal(err)
 	}
-	learned := time.Now()
+	learned := s.now()
 	d := mustDeny(t, ctx, b, one(S, lim, 1), "while the learned limit holds")
-	wantDuration(t, d.RetryAfter, time.Second-time.Since(before)-tol, time.Second+tol, "RetryAfter at the learned rate")
+	wantDuration(t, d.RetryAfter, time.Second-s.since(before)-tol, time.Second+tol, "RetryAfter at the learned rate")
 	// Time itself is the subject: let the learned limit end, and 200ms
 	// more at the charge's own rate (20 requests' worth).
-	time.Sleep(time.Until(learned.Add(ttl + 200*time.Millisecond)))
-	lo := refilled(lim, time.Since(learned)-ttl)
+	s.sleep(s.until(learned.Add(ttl + 200*time.Millisecond)))
+	lo := refilled(lim, s.since(learned)-ttl)
 	got := remaining(t, ctx, b, S, lim)
 	// Under the learned limit, its bucket of 1 would be all there is.
-	if hi := 2 + refilled(lim, time.Since(before)-ttl); got < lo || got > hi {
+	if hi := 2 + refilled(lim, s.since(before)-ttl); got < lo || got > hi {
 		t.Fatalf("%d requests left %v after the learned limit ended, want between %d and %d (the charge's own rate)", got, ttl, lo, hi)
 	}
 }
