@@ -2039,7 +2039,7 @@ func (s *suite) testInvalid(t *testing.T) {
 func (s *suite) testWaitDefers(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	c := s.client(t)
-	A := newScope(t, "A")
+	var A string // a new scope for each attempt below
 	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 40, Window: time.Second, Burst: 1} // one per 25ms
 	period := rateP(lim)
 	if period > ratelimit.MaxDefer {
