@@ -465,6 +465,9 @@ func TestCrashedHolderTakenOverAtExpiry(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	key := newKey(t)
 	const ttl = 500 * time.Millisecond
+	// The waiter renews its place every 10s: only its wake-up at the
+	// holder's expiry explains an acquisition within late.
+	late := r.LateBound(t, 50, 2*time.Second)
 	child := startHelper(t, ctx, envMode+"=hold", envAddr+"="+r.Addr, envKey+"="+key, envTTL+"="+ttl.String())
 	var childFence uint64
 	var childStartNS int64
@@ -475,15 +478,15 @@ func TestCrashedHolderTakenOverAtExpiry(t *testing.T) {
 	heldBy := time.Now() // the child's lease started before this
 	child.Kill()
 
-	w := receive(t, acquireAsync(ctx, newLocker(t, r), key, lock.Options{TTL: 5 * time.Second}), 10*time.Second, "waiter")
+	w := receive(t, acquireAsync(ctx, newLocker(t, r), key, lock.Options{TTL: 5 * time.Second, WaiterLease: 30 * time.Second}), 10*time.Second, "waiter")
 	defer func() { _ = w.lease.Release(ctx) }()
 	// Wall clock: the child is another process on this machine.
 	earliest := time.Unix(0, childStartNS).Add(ttl - 2*time.Millisecond) // Redis expiry has ms resolution
 	if w.at.Round(0).Before(earliest) {
 		t.Fatalf("waiter got the lock %v before the crashed holder's lease could expire", earliest.Sub(w.at.Round(0)))
 	}
-	if late := w.at.Sub(heldBy.Add(ttl)); late > 200*time.Millisecond {
-		t.Fatalf("waiter got the lock %v after the crashed holder's lease expired, want within 200ms", late)
+	if d := w.at.Sub(heldBy.Add(ttl)); d > late {
+		t.Fatalf("waiter got the lock %v after the crashed holder's lease expired, want within %v", d, late)
 	}
 	t.Logf("waiter got the lock at most %v after expiry", w.at.Sub(heldBy.Add(ttl)))
 	if w.lease.Fence <= childFence {
@@ -527,8 +530,10 @@ func TestHandOffLatency(t *testing.T) {
 			slices.Sort(lat)
 			median := lat[n/2]
 			t.Logf("hand-off latency over %d hand-offs: median %v, p90 %v, max %v", n, median, lat[n*9/10], lat[n-1])
-			if median > 5*time.Millisecond {
-				t.Fatalf("median hand-off latency %v, want below 5ms (is the waiter polling?)", median)
+			// Far below the waiters' renewal every 667ms; in round trips,
+			// with a floor for a busy machine.
+			if bound := r.LateBound(t, 20, 50*time.Millisecond); median > bound {
+				t.Fatalf("median hand-off latency %v, want below %v (is the waiter polling?)", median, bound)
 			}
 		})
 	}
@@ -599,6 +604,7 @@ func TestFairQueueAcrossClients(t *testing.T) {
 // at most its waiter lease.
 func TestKilledWaiterDoesNotStallQueue(t *testing.T) {
 	r := testutil.StartRedis(t)
+	late := r.LateBound(t, 50, 2*time.Second)
 	ctx := testCtx(t, 30*time.Second)
 	key := newKey(t)
 	const waiterLease = 300 * time.Millisecond
@@ -628,8 +634,10 @@ func TestKilledWaiterDoesNotStallQueue(t *testing.T) {
 	defer func() { _ = got.lease.Release(ctx) }()
 	d := got.at.Sub(start)
 	t.Logf("live waiter served %v after the release", d)
-	if d > waiterLease+500*time.Millisecond {
-		t.Fatalf("live waiter served %v after the release, want within %v", d, waiterLease+500*time.Millisecond)
+	// A dead waiter handed the lock pins it for its waiter lease, not for
+	// the 5s TTL; late allows for a busy machine.
+	if bound := waiterLease + late; d > bound {
+		t.Fatalf("live waiter served %v after the release, want within %v", d, bound)
 	}
 	if got.lease.Fence <= lease.Fence {
 		t.Fatalf("fence %d, want > %d", got.lease.Fence, lease.Fence)
@@ -800,6 +808,7 @@ func TestNothingLeftBehind(t *testing.T) {
 // promptly; the old holder's lease is no longer the owner.
 func TestWaiterSurvivesRestart(t *testing.T) {
 	r := testutil.StartRedis(t)
+	late := r.LateBound(t, 50, 2*time.Second)
 	ctx := testCtx(t, 30*time.Second)
 	key := newKey(t)
 	h, w := newLocker(t, r), newLocker(t, r)
@@ -817,8 +826,8 @@ func TestWaiterSurvivesRestart(t *testing.T) {
 	defer func() { _ = got.lease.Release(ctx) }()
 	d := got.at.Sub(restarted)
 	t.Logf("waiter got the lock %v after the restart", d)
-	if d > time.Second {
-		t.Fatalf("waiter got the lock %v after the restart, want within 1s", d)
+	if d > late {
+		t.Fatalf("waiter got the lock %v after the restart, want within %v", d, late)
 	}
 	if got.lease.Fence <= lease.Fence {
 		t.Fatalf("fence %d after the restart, want > %d", got.lease.Fence, lease.Fence)
@@ -845,6 +854,7 @@ func TestWaiterSurvivesRestart(t *testing.T) {
 // another process must still get it promptly, every time.
 func TestBusyProcessCannotStarveOthers(t *testing.T) {
 	r := testutil.StartRedis(t)
+	late := r.LateBound(t, 50, 2*time.Second)
 	ctx := testCtx(t, 60*time.Second)
 	busy, other := newLocker(t, r), newLocker(t, r)
 	key := newKey(t)
@@ -892,8 +902,9 @@ func TestBusyProcessCannotStarveOthers(t *testing.T) {
 		}
 	}
 	t.Logf("busy process: %d acquisitions; the other process's worst wait: %v", passes.Load(), worst)
-	// The pass limit is 5ms; allow for a loaded 2-core machine.
-	if worst > 500*time.Millisecond {
+	// The pass limit is 5ms; a starved process would wait until the busy
+	// one stopped. Allow for a loaded 2-core machine.
+	if worst > late {
 		t.Errorf("the other process waited up to %v while one process kept passing the lock to itself", worst)
 	}
 }
