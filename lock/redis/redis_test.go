@@ -353,16 +353,18 @@ func TestMutualExclusionAcrossProcesses(t *testing.T) {
 	}
 }
 
-// TestWatchdogKeepsLockBeyondTTL: Do keeps a 300ms lease for 3s (10 TTLs)
+// TestWatchdogKeepsLockBeyondTTL: Do keeps a 1.2s lease for 3.6s (3 TTLs)
 // while another client's TryAcquire keeps failing, and the key in Redis
 // never carries a lease longer than the TTL: it is renewed, not set long.
+// The TTL is long against the scheduling stalls of a busy machine: the
+// renewals come every 400ms, 800ms before the lease would run out.
 func TestWatchdogKeepsLockBeyondTTL(t *testing.T) {
 	r := testutil.StartRedis(t)
 	ctx := testCtx(t, 30*time.Second)
 	l, other := newLocker(t, r), newLocker(t, r)
 	observer := r.Client(t)
 	key := newKey(t)
-	const ttl, hold, probe = 300 * time.Millisecond, 3 * time.Second, 100 * time.Millisecond
+	const ttl, hold, probe = 1200 * time.Millisecond, 3600 * time.Millisecond, 100 * time.Millisecond
 	err := l.Do(ctx, key, lock.Options{TTL: ttl}, func(fctx context.Context, lease *lock.Lease) error {
 		timer := time.NewTimer(hold)
 		defer timer.Stop()
@@ -385,7 +387,7 @@ func TestWatchdogKeepsLockBeyondTTL(t *testing.T) {
 				}
 				probes++
 			case <-timer.C:
-				if probes < 20 {
+				if probes < int(hold/probe)/4 {
 					t.Fatalf("only %d probes in %v", probes, hold)
 				}
 				return nil
@@ -437,8 +439,12 @@ func lostWithin(t *testing.T, l *lock.Locker, key string, ttl, bound time.Durati
 func TestExternalDeleteCancelsHolder(t *testing.T) {
 	r := testutil.StartRedis(t)
 	key := newKey(t)
-	const ttl = 900 * time.Millisecond
-	lostWithin(t, newLocker(t, r), key, ttl, ttl/3+250*time.Millisecond, func() {
+	// The TTL is long enough that a loss found out at the next renewal
+	// (every 2s), even late by a busy machine's stalls, comes well before
+	// the validity the holder would otherwise run out (6s).
+	const ttl = 6 * time.Second
+	late := r.LateBound(t, 50, 2*time.Second)
+	lostWithin(t, newLocker(t, r), key, ttl, ttl/3+late, func() {
 		if n := r.Int(t, "DEL", lockKey(defaultPrefix, key)); n != 1 {
 			t.Fatalf("DEL of the lock key removed %d keys, want 1 (key layout changed?)", n)
 		}
@@ -450,8 +456,9 @@ func TestExternalDeleteCancelsHolder(t *testing.T) {
 func TestRedisRestartCancelsHolder(t *testing.T) {
 	r := testutil.StartRedis(t)
 	key := newKey(t)
-	const ttl = 900 * time.Millisecond
-	lostWithin(t, newLocker(t, r), key, ttl, ttl/3+400*time.Millisecond, func() {
+	const ttl = 6 * time.Second // as in TestExternalDeleteCancelsHolder
+	late := r.LateBound(t, 50, 2*time.Second)
+	lostWithin(t, newLocker(t, r), key, ttl, ttl/3+late, func() {
 		if err := r.Restart(); err != nil {
 			t.Fatalf("restart redis: %v", err)
 		}
