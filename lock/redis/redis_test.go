@@ -1059,7 +1059,9 @@ func TestQueueOutlivesItsWaiters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leases := []time.Duration{300 * time.Millisecond, 1500 * time.Millisecond, 300 * time.Millisecond}
+	// The short leases are still long against a busy machine's stalls
+	// (renewals every 200ms, 400ms before a place would lapse).
+	leases := []time.Duration{600 * time.Millisecond, 1500 * time.Millisecond, 600 * time.Millisecond}
 	// Each waiter releases as soon as it holds the lock: they are served in
 	// the order they queued, which is not the order they were started in.
 	done := make(chan error, len(leases))
