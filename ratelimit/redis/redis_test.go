@@ -574,7 +574,7 @@ func TestKilledHolderPermitFreedAfterHold(t *testing.T) {
 	// The waiter is told nothing when the permit expires (see the
 	// conformance test WaitWokenByPermitExpiry); it finds out when it renews
 	// its place, every DefaultWaiterLease/3.
-	if bound := ratelimit.DefaultWaiterLease/3 + 500*time.Millisecond; late > bound {
+	if bound := ratelimit.DefaultWaiterLease/3 + r.LateBound(t, 50, 2*time.Second); late > bound {
 		t.Fatalf("permit granted %v after the killed holder's hold ended, want within %v", late, bound)
 	}
 	if n := r.Int(t, "ZCARD", base+":c:"+scope); n != 1 {
@@ -593,14 +593,17 @@ func TestKilledWaiterDoesNotPin(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		settleAfter  time.Duration // how long after the kill the holder settles
-		within       time.Duration // how soon after the settle the live waiter is served
+		within       time.Duration // how soon after the settle the live waiter is served, less a busy machine's delays
 		deadAdmitted bool
 		waiterLease  time.Duration
 		deadHold     time.Duration
 	}{
-		{name: "place expired", settleAfter: 900 * time.Millisecond, within: 200 * time.Millisecond, waiterLease: 300 * time.Millisecond, deadHold: 400 * time.Millisecond},
-		{name: "admitted while dead", settleAfter: 0, within: 400*time.Millisecond + ratelimit.DefaultWaiterLease/3 + 300*time.Millisecond, deadAdmitted: true, waiterLease: 3 * time.Second, deadHold: 400 * time.Millisecond},
+		{name: "place expired", settleAfter: 900 * time.Millisecond, within: 0, waiterLease: 300 * time.Millisecond, deadHold: 400 * time.Millisecond},
+		{name: "admitted while dead", settleAfter: 0, within: 400*time.Millisecond + ratelimit.DefaultWaiterLease/3, deadAdmitted: true, waiterLease: 3 * time.Second, deadHold: 400 * time.Millisecond},
 	} {
+		// Whether the dead waiter was admitted is told by its reservation,
+		// not by timing; the bound only says the live one was not stuck.
+		tc.within += r.LateBound(t, 50, 2*time.Second)
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t, 30*time.Second)
 			scope := newScope(t, "C")
@@ -835,8 +838,10 @@ func TestWakeLatencyAfterSettle(t *testing.T) {
 	}
 	slices.Sort(lat)
 	t.Logf("Settle-to-admission over %d hand-offs: median %v, p90 %v, max %v", n, lat[n/2], lat[n*9/10], lat[n-1])
-	if lat[n/2] > 10*time.Millisecond {
-		t.Fatalf("median wake latency %v, want below 10ms (is the waiter woken, or does it renew?)", lat[n/2])
+	// Far below the waiters' renewal every 1s; in round trips, with a
+	// floor for a busy machine.
+	if bound := r.LateBound(t, 20, 50*time.Millisecond); lat[n/2] > bound {
+		t.Fatalf("median wake latency %v, want below %v (is the waiter woken, or does it renew?)", lat[n/2], bound)
 	}
 }
 
