@@ -2039,7 +2039,8 @@ func (s *suite) testInvalid(t *testing.T) {
 func (s *suite) testWaitDefers(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	c := s.client(t)
-	var A string // a new scope for each attempt below
+	// A is the scope; each attempt below takes a new one.
+	var A string
 	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 40, Window: time.Second, Burst: 1} // one per 25ms
 	period := rateP(lim)
 	if period > ratelimit.MaxDefer {
