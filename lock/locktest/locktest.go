@@ -23,13 +23,20 @@ import (
 	"github.com/llmgate/llmgate/lock"
 )
 
-// Timing bounds. They are generous because the suite runs under -race on
-// small, busy machines; each is still far below the TTL or period that would
-// make the property it guards meaningless.
+// Timing bounds. How late a waiter may be woken (suite.late) is measured at
+// the start of Run from the store's round trip, with a floor that the
+// scheduling stalls of a busy 2-core machine under -race do not reach. The
+// tests that check it give their waiters a long WaiterLease (waitLease), so
+// that a waiter that is not woken, and finds out only when it renews its
+// place, is still far later than the bound.
 const (
-	// wakeBound is how late a waiter may return after the event that should
-	// wake it (a release, or the expiry of the holder's lease).
-	wakeBound = 400 * time.Millisecond
+	// lateFloor is the least suite.late can be.
+	lateFloor = 2 * time.Second
+	// lateRTTs is suite.late in median store round trips, when more.
+	lateRTTs = 50
+	// waitLease is the WaiterLease of waiters whose wake-up is timed: they
+	// renew their place every 10s.
+	waitLease = 30 * time.Second
 	// waitBound bounds every wait for something that should happen "now".
 	waitBound = 10 * time.Second
 	// pollEvery is the interval for polling Inspector.Waiters.
@@ -53,6 +60,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) lock.Backend) {
 // the reason given, which should say why the promise cannot hold.
 func RunSkipping(t *testing.T, newBackend func(t *testing.T) lock.Backend, skip map[string]string) {
 	s := &suite{newBackend: newBackend}
+	s.late = s.lateBound(t)
 	tests := []struct {
 		name string
 		fn   func(t *testing.T)
@@ -96,6 +104,35 @@ func RunSkipping(t *testing.T, newBackend func(t *testing.T) lock.Backend, skip 
 
 type suite struct {
 	newBackend func(t *testing.T) lock.Backend
+	// late is how late a waiter may get the lock, or a holder hear of its
+	// loss, after the event that should make it so.
+	late time.Duration
+}
+
+// lateBound measures the store's round trip (the median of a few
+// TryAcquire and Release pairs) and returns suite.late: lateRTTs of them,
+// at least lateFloor, at most half the renewal period of waitLease.
+func (s *suite) lateBound(t *testing.T) time.Duration {
+	t.Helper()
+	ctx := testCtx(t, 30*time.Second)
+	l := s.locker(t)
+	key := newKey(t)
+	rtts := make([]time.Duration, 11)
+	for i := range rtts {
+		start := time.Now()
+		mustRelease(t, ctx, mustTry(t, ctx, l, key, lock.Options{TTL: 5 * time.Second}))
+		rtts[i] = time.Since(start) / 2
+	}
+	rtt := median(rtts)
+	late := min(max(lateFloor, lateRTTs*rtt), waitLease/6)
+	t.Logf("store round trip %v (median of %d): waiters may be %v late", rtt, len(rtts), late)
+	return late
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // locker returns a Locker over a new backend (a new "process").
@@ -502,7 +539,7 @@ func (s *suite) testExpiryHandOff(t *testing.T) {
 			const ttl = 150 * time.Millisecond
 			before := time.Now()
 			old := mustTry(t, ctx, a, key, lock.Options{TTL: ttl, Fair: fair})
-			r := receive(t, acquireAsync(ctx, b, key, lock.Options{TTL: 5 * time.Second, Fair: fair}), waitBound, "waiter")
+			r := receive(t, acquireAsync(ctx, b, key, lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair}), waitBound, "waiter")
 			if r.err != nil {
 				t.Fatalf("waiter: %v", r.err)
 			}
@@ -510,8 +547,8 @@ func (s *suite) testExpiryHandOff(t *testing.T) {
 			if r.at.Before(old.ValidUntil()) {
 				t.Fatalf("waiter got the lock %v before the holder's ValidUntil", old.ValidUntil().Sub(r.at))
 			}
-			if late := r.at.Sub(before.Add(ttl)); late > wakeBound {
-				t.Fatalf("waiter got the lock %v after the holder's lease expired, want within %v", late, wakeBound)
+			if late := r.at.Sub(before.Add(ttl)); late > s.late {
+				t.Fatalf("waiter got the lock %v after the holder's lease expired, want within %v", late, s.late)
 			}
 			t.Logf("waiter got the lock %v after TTL", r.at.Sub(before.Add(ttl)))
 			if r.lease.Fence <= old.Fence {
@@ -597,7 +634,7 @@ func (s *suite) testWokenByRelease(t *testing.T) {
 				done <- released{start, lease.Release(ctx)}
 			}()
 
-			ch := acquireAsync(ctx, waiter, key, lock.Options{TTL: 5 * time.Second, Fair: fair})
+			ch := acquireAsync(ctx, waiter, key, lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair})
 			waitWaiters(t, ctx, waiter, key, 1)
 			notReturned(t, ch, "waiter before release")
 			close(release)
@@ -618,8 +655,8 @@ func (s *suite) testWokenByRelease(t *testing.T) {
 			if r.at.Before(rel.start) {
 				t.Fatalf("waiter returned before the release started")
 			}
-			if d := r.at.Sub(rel.start); d > wakeBound {
-				t.Fatalf("waiter returned %v after the release started, want within %v", d, wakeBound)
+			if d := r.at.Sub(rel.start); d > s.late {
+				t.Fatalf("waiter returned %v after the release started, want within %v", d, s.late)
 			}
 			if r.lease.Fence <= lease.Fence {
 				t.Fatalf("waiter's fence %d, want > %d", r.lease.Fence, lease.Fence)
@@ -688,7 +725,7 @@ func (s *suite) testCancelledWaiterDoesNotStrand(t *testing.T) {
 			ls := s.lockers(t, 3)
 			holder, w, other := ls[0], ls[1], ls[2]
 			key := newKey(t)
-			opts := lock.Options{TTL: 5 * time.Second, Fair: fair}
+			opts := lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair}
 			lease := mustTry(t, ctx, holder, key, lock.Options{TTL: 30 * time.Second, Fair: fair})
 
 			shortCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -722,8 +759,8 @@ func (s *suite) testCancelledWaiterDoesNotStrand(t *testing.T) {
 				if got.err != nil {
 					t.Fatalf("waiter (%s): %v", who, got.err)
 				}
-				if d := got.at.Sub(relStart); d > wakeBound {
-					t.Fatalf("waiter (%s) served %v after the release, want within %v", who, d, wakeBound)
+				if d := got.at.Sub(relStart); d > s.late {
+					t.Fatalf("waiter (%s) served %v after the release, want within %v", who, d, s.late)
 				}
 				delete(pending, who)
 				relStart = time.Now()
@@ -839,8 +876,10 @@ func (s *suite) testHandOffTopUp(t *testing.T) {
 			ls := s.lockers(t, 3)
 			holder, waiter, other := ls[0], ls[1], ls[2]
 			key := newKey(t)
-			const waiterLease = 200 * time.Millisecond
-			opts := lock.Options{TTL: 5 * time.Second, WaiterLease: waiterLease, Fair: fair}
+			// The top-up comes halfway through the hand-off's grant: 300ms,
+			// more than a busy machine stalls.
+			const waiterLease = 600 * time.Millisecond
+			opts := lock.Options{TTL: 10 * time.Second, WaiterLease: waiterLease, Fair: fair}
 			lease := mustTry(t, ctx, holder, key, opts)
 			ch := acquireAsync(ctx, waiter, key, opts)
 			waitWaiters(t, ctx, waiter, key, 1)
@@ -891,7 +930,7 @@ func (s *suite) testMixedWaiterLeases(t *testing.T) {
 			// Long enough to renew reliably (see ShortWaiterLeaseKeepsPlace
 			// for shorter ones); it must still not shorten the long lease.
 			const shortLease = 300 * time.Millisecond
-			longCh := acquireAsync(ctx, long, key, lock.Options{TTL: 5 * time.Second, WaiterLease: 6 * time.Second, Fair: fair})
+			longCh := acquireAsync(ctx, long, key, lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair})
 			waitWaiters(t, ctx, holder, key, 1)
 			sctx, cancel := context.WithTimeout(ctx, shortLease+50*time.Millisecond)
 			defer cancel()
@@ -930,16 +969,19 @@ func (s *suite) testMixedWaiterLeases(t *testing.T) {
 				t.Fatalf("long-lease waiter: %v", r.err)
 			}
 			defer mustRelease(t, ctx, r.lease)
-			if d := r.at.Sub(relStart); d > wakeBound {
-				t.Fatalf("long-lease waiter served %v after the release, want within %v", d, wakeBound)
+			if d := r.at.Sub(relStart); d > s.late {
+				t.Fatalf("long-lease waiter served %v after the release, want within %v", d, s.late)
 			}
 		})
 	}
 }
 
 // testShortWaiterLease: a live waiter keeps its place however short its
-// WaiterLease (here 9×MinTTL): after waiting several of their leases all
-// waiters are still queued, and they are served in arrival order.
+// WaiterLease: after waiting several of their leases all waiters are still
+// queued, and they are served in arrival order. The lease is short but
+// still long against the scheduling stalls of a busy machine (renewals
+// every 133ms, 267ms before the place would lapse): a waiter whose renewal
+// is starved for longer is not live, and rightly loses its place.
 func (s *suite) testShortWaiterLease(t *testing.T) {
 	for _, fair := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
@@ -951,7 +993,7 @@ func (s *suite) testShortWaiterLease(t *testing.T) {
 			}
 			key := newKey(t)
 			lease := mustTry(t, ctx, holder, key, lock.Options{TTL: 30 * time.Second, Fair: fair})
-			const n, waiterLease, window = 4, 90 * time.Millisecond, 800 * time.Millisecond
+			const n, waiterLease, window = 4, 400 * time.Millisecond, 1600 * time.Millisecond
 			opts := lock.Options{TTL: 5 * time.Second, WaiterLease: waiterLease, Fair: fair}
 			order := make(chan int, n)
 			results := make(chan error, n)
@@ -1167,7 +1209,10 @@ func (s *suite) testWatchdog(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	l, other := s.locker(t), s.locker(t)
 	key := newKey(t)
-	const ttl, hold, probe = 200 * time.Millisecond, time.Second, 50 * time.Millisecond
+	// The TTL is long against the scheduling stalls of a busy machine
+	// (renewals come every 400ms, 800ms before the lease would run out);
+	// the hold spans three TTLs, so only renewals explain a lock still held.
+	const ttl, hold, probe = 1200 * time.Millisecond, 3600 * time.Millisecond, 100 * time.Millisecond
 	err := l.Do(ctx, key, lock.Options{TTL: ttl}, func(fctx context.Context, lease *lock.Lease) error {
 		first := lease.ValidUntil()
 		timer := time.NewTimer(hold)
@@ -1183,7 +1228,7 @@ func (s *suite) testWatchdog(t *testing.T) {
 				mustNotObtain(t, ctx, other, key)
 				probes++
 			case <-timer.C:
-				if probes < int(hold/probe)/2 {
+				if probes < int(hold/probe)/4 {
 					t.Fatalf("only %d probes in %v", probes, hold)
 				}
 				if got := lease.ValidUntil(); !got.After(first.Add(hold - 2*ttl)) {
@@ -1265,7 +1310,9 @@ func (s *suite) testLostNotHeld(t *testing.T) {
 	key := newKey(t)
 	const okCalls = 2
 	f := &extendFailer{Backend: s.newBackend(t), okCalls: okCalls, err: lock.ErrNotHeld}
-	_, _, err := s.lostDo(t, ctx, f, key, 150*time.Millisecond)
+	// Long enough that the two good renewals (every 200ms) come before the
+	// lease runs out even on a busy machine.
+	_, _, err := s.lostDo(t, ctx, f, key, 600*time.Millisecond)
 	if n := f.Calls(); n < okCalls+1 {
 		t.Fatalf("Extend called %d times, want at least %d", n, okCalls+1)
 	}
@@ -1278,7 +1325,9 @@ func (s *suite) testLostUnconfirmed(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	key := newKey(t)
 	f := &extendFailer{Backend: s.newBackend(t), err: errors.New("injected: store unreachable")}
-	held, cancelledAt, err := s.lostDo(t, ctx, f, key, 300*time.Millisecond)
+	// Long enough that the first renewal (at 300ms) and its retries come
+	// before the lease runs out even on a busy machine.
+	held, cancelledAt, err := s.lostDo(t, ctx, f, key, 900*time.Millisecond)
 	t.Logf("Do = %v", err)
 	// The renewals never got through, so the lease was valid until its
 	// first ValidUntil: the holder must hear of the loss by then, not
@@ -1287,8 +1336,8 @@ func (s *suite) testLostUnconfirmed(t *testing.T) {
 	if cancelledAt.Before(vu) {
 		t.Fatalf("context cancelled %v before the lease's validity ran out", vu.Sub(cancelledAt))
 	}
-	if late := cancelledAt.Sub(vu); late > wakeBound {
-		t.Fatalf("context cancelled %v after the lease's validity ran out, want within %v", late, wakeBound)
+	if late := cancelledAt.Sub(vu); late > s.late {
+		t.Fatalf("context cancelled %v after the lease's validity ran out, want within %v", late, s.late)
 	}
 	if n := f.Calls(); n < 2 {
 		t.Fatalf("Extend called %d times: transient failures should be retried", n)

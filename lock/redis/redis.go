@@ -638,13 +638,20 @@ func (b *Backend) claimLocalWaiter(key string) *localWaiter {
 }
 
 // unclaim puts back a local waiter the lock was not passed to, first in
-// line; if it gave up meanwhile, it is told so.
+// line; if it gave up meanwhile, it is told so. If the store turn was given
+// up while w was claimed (its holder got the lock and left, finding no
+// local waiter), w takes it: queued behind nobody, it would wait forever.
 func (b *Backend) unclaim(key string, w *localWaiter) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	w.claimed = false
 	g := b.gates[key]
 	if w.cancelled || g == nil {
+		w.turn <- localTurn{}
+		return
+	}
+	if !g.busy {
+		g.busy = true
 		w.turn <- localTurn{}
 		return
 	}

@@ -22,6 +22,14 @@ func TestConformance(t *testing.T) {
 	ratelimittest.Run(t, func(*testing.T) ratelimit.Backend { return b })
 }
 
+// TestConformanceFakeClock runs the suite's tests of refills, holds and
+// cooldowns on a fake clock, so that their bounds are exact on any machine.
+func TestConformanceFakeClock(t *testing.T) {
+	clk := clock.NewFake(start)
+	b := memory.New(clk)
+	ratelimittest.RunFakeClock(t, clk, func(*testing.T) ratelimit.Backend { return b })
+}
+
 var start = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func rpm(n int64) ratelimit.Limit {

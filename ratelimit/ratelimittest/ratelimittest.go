@@ -3,7 +3,9 @@
 // A backend's own tests call Run with a constructor; the suite drives the
 // backend through the public ratelimit.Limiter API with real time and real
 // goroutines, so it checks the whole limiter (validation, the Wait loop,
-// the outage policy and the backend) and not a model of it.
+// the outage policy and the backend) and not a model of it. A backend that
+// takes a clock also runs RunFakeClock: the tests where only the store's
+// time matters, on a fake clock, with exact bounds.
 //
 // Every Limiter the suite builds sits on a thin wrapper around the backend
 // that reports when an Enqueue left a request waiting: that is how the
@@ -25,28 +27,29 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/clock"
 	"github.com/llmgate/llmgate/ratelimit"
 )
 
-// Timing bounds. They are generous because the suite runs under -race on
-// small, busy machines; each is still far below the period that would make
-// the property it guards meaningless (a waiter that is never woken finds
-// out by itself only when it renews its place, every waiterLease/3 = 1s).
+// Timing bounds. A waiter that is never woken finds out by itself only
+// when it renews its place, every waiterLease/3 = 10s; the bound on how
+// late a woken waiter may be (suite.late) is measured at the start of Run
+// from the store's round trip, with a floor that the scheduling stalls of a
+// busy 2-core machine under -race do not reach, and stays far below that
+// renewal, so a waiter that is not woken still fails the test.
 const (
 	// waitBound bounds every wait for something that should happen "now".
 	waitBound = 10 * time.Second
-	// wakeBound is how late a waiter may return after the Settle or Refund
-	// that made room for it.
-	wakeBound = 200 * time.Millisecond
-	// hintBound is how late a waiter may be admitted after the instant a
-	// refill (or the end of a cooldown) makes room for it.
-	hintBound = 100 * time.Millisecond
+	// lateFloor is the least suite.late can be.
+	lateFloor = 2 * time.Second
+	// lateRTTs is suite.late in median store round trips, when more.
+	lateRTTs = 50
 	// tol is the tolerance on RetryAfter and Reset against the values
 	// computed from the test's own clock (the store may keep time in ms).
 	tol = 3 * time.Millisecond
-	// waiterLease is the Limiter's waiter lease: waiters renew every
-	// second, so any wake-up well under that was not a renewal.
-	waiterLease = 3 * time.Second
+	// waiterLease is the Limiter's waiter lease: waiters renew every 10s,
+	// so any wake-up well under that was not a renewal.
+	waiterLease = 30 * time.Second
 )
 
 // Inspector is implemented by backends, or test wrappers around them, that
@@ -65,6 +68,7 @@ type Inspector interface {
 // Each subtest uses its own scopes, so the store need not be empty.
 func Run(t *testing.T, newBackend func(t *testing.T) ratelimit.Backend) {
 	s := &suite{newBackend: newBackend}
+	s.late = s.lateBound(t)
 	tests := []struct {
 		name string
 		fn   func(t *testing.T)
@@ -114,6 +118,84 @@ func Run(t *testing.T, newBackend func(t *testing.T) ratelimit.Backend) {
 
 type suite struct {
 	newBackend func(t *testing.T) ratelimit.Backend
+	// fake, when set, is the clock the backends run on: the tests that use
+	// s.now, s.sleep and friends step it instead of waiting.
+	fake *clock.Fake
+	// late is how late a waiter may be admitted, or give up, after the
+	// event that should make it do so (a Settle, a refill, its deadline).
+	late time.Duration
+}
+
+// RunFakeClock runs, as subtests of t, the tests of the suite in which
+// time passes only for the store (nothing waits in a queue): refills,
+// holds, cooldowns and learned limits. Every backend newBackend returns must
+// read the time from clk; the tests step clk instead of sleeping, so each
+// bound is exact however slow the machine. Wait runs on the real clock, so
+// the waiting tests are left to Run.
+func RunFakeClock(t *testing.T, clk *clock.Fake, newBackend func(t *testing.T) ratelimit.Backend) {
+	s := &suite{newBackend: newBackend, fake: clk, late: lateFloor}
+	for _, tc := range []struct {
+		name string
+		fn   func(t *testing.T)
+	}{
+		{"BurstThenRefill", s.testBurstThenRefill},
+		{"BurstDefaultsToWindow", s.testBurstDefault},
+		{"ReservationExpiresAndExtends", s.testReservationHold},
+		{"ConcurrencyPermitExpiresAfterHold", s.testPermitExpiry},
+		{"ConcurrencyExtendKeepsPermit", s.testPermitExtend},
+		{"Cooldown", s.testCooldown},
+		{"LearnExpires", s.testLearnExpires},
+	} {
+		t.Run(tc.name, tc.fn)
+	}
+}
+
+// now is the time of the store's clock: the fake one, or the real one.
+func (s *suite) now() time.Time {
+	if s.fake != nil {
+		return s.fake.Now()
+	}
+	return time.Now()
+}
+
+func (s *suite) since(t time.Time) time.Duration { return s.now().Sub(t) }
+
+func (s *suite) until(t time.Time) time.Duration { return t.Sub(s.now()) }
+
+// sleep lets d pass: it steps the fake clock, or sleeps (in the tests
+// where the passage of time is what is tested).
+func (s *suite) sleep(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	if s.fake != nil {
+		s.fake.Advance(d)
+		return
+	}
+	time.Sleep(d)
+}
+
+// lateBound measures the store's round trip (the median of a few
+// admissions) and returns suite.late: lateRTTs of them, at least lateFloor,
+// at most half the waiters' renewal period (beyond that the tests could
+// not tell a woken waiter from one that renewed).
+func (s *suite) lateBound(t *testing.T) time.Duration {
+	t.Helper()
+	c := s.client(t)
+	ctx := testCtx(t, 30*time.Second)
+	A := newScope(t, "rtt")
+	rtts := make([]time.Duration, 11)
+	for i := range rtts {
+		start := time.Now()
+		if _, err := c.Allow(ctx, one(A, rph(1000), 1)); err != nil {
+			t.Fatalf("measuring the store's round trip: %v", err)
+		}
+		rtts[i] = time.Since(start)
+	}
+	rtt := median(rtts)
+	late := min(max(lateFloor, lateRTTs*rtt), waiterLease/6)
+	t.Logf("store round trip %v (median of %d): waiters may be %v late", rtt, len(rtts), late)
+	return late
 }
 
 // client is one replica: a Limiter over its own backend, through a spy.
@@ -143,9 +225,20 @@ type spy struct {
 	ratelimit.Backend
 	down atomic.Bool
 
-	mu     sync.Mutex               // protects queued and hints
+	mu     sync.Mutex               // protects queued, hints and spans
 	queued map[string]chan struct{} // request ID -> closed once it waits in its lane
 	hints  map[string]time.Duration // request ID -> hint of its first Enqueue
+	spans  map[string]span          // request ID -> its last Enqueue call
+}
+
+// span is when a store call started and returned.
+type span struct{ start, end time.Time }
+
+// span returns when the last Enqueue of id started and returned.
+func (p *spy) span(id string) span {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.spans[id]
 }
 
 // queuedCh returns a channel closed once an Enqueue of id has returned
@@ -179,7 +272,15 @@ func (p *spy) Enqueue(ctx context.Context, r *ratelimit.Request, lease time.Dura
 	if p.down.Load() {
 		return ratelimit.Decision{}, false, 0, errDown
 	}
+	start := time.Now()
 	d, ok, hint, err := p.Backend.Enqueue(ctx, r, lease)
+	end := time.Now()
+	p.mu.Lock()
+	if p.spans == nil {
+		p.spans = make(map[string]span)
+	}
+	p.spans[r.ID] = span{start, end}
+	p.mu.Unlock()
 	if err == nil && !ok {
 		p.mu.Lock()
 		ch := p.queued[r.ID]
@@ -511,10 +612,10 @@ func (s *suite) testBurstThenRefill(t *testing.T) {
 	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: n, Window: 4 * time.Second}
 	period := rateP(lim) // 400ms per request
 
-	start := time.Now()
+	start := s.now()
 	for i := range int64(n) {
 		d := mustAllow(t, ctx, c, one(scope, lim, 0), fmt.Sprintf("request %d of the burst", i))
-		elapsed := time.Since(start)
+		elapsed := s.since(start)
 		st := d.Limits[0]
 		if st.Scope != scope || st.Kind != ratelimit.Requests || st.Limit != n {
 			t.Fatalf("status %+v, want scope %q kind requests limit %d", st, scope, n)
@@ -526,7 +627,7 @@ func (s *suite) testBurstThenRefill(t *testing.T) {
 		wantDuration(t, st.Reset, time.Duration(i+1)*period-elapsed-tol, time.Duration(i+1)*period+tol, fmt.Sprintf("request %d: Reset", i))
 	}
 	d := mustDeny(t, ctx, c, one(scope, lim, 0), "request after the burst")
-	since := time.Since(start)
+	since := s.since(start)
 	if since > period/2 {
 		t.Logf("the burst took %v (slow machine); bounds widen accordingly", since)
 	}
@@ -542,15 +643,15 @@ func (s *suite) testBurstThenRefill(t *testing.T) {
 	wantDuration(t, d.Limits[0].Reset, n*period-since-tol, n*period+tol, "Reset after the burst")
 
 	// Exactly when RetryAfter said, one more fits, and only one.
-	due := time.Now().Add(d.RetryAfter)
-	time.Sleep(d.RetryAfter) // the passage of time is what is tested
+	due := s.now().Add(d.RetryAfter)
+	s.sleep(d.RetryAfter) // the passage of time is what is tested
 	d = mustAllow(t, ctx, c, one(scope, lim, 0), "request at RetryAfter")
 	if st := d.Limits[0]; st.Remaining != 0 {
 		t.Fatalf("Remaining after the refilled request = %d, want 0", st.Remaining)
 	}
-	late := time.Since(due)
 	d = mustDeny(t, ctx, c, one(scope, lim, 0), "second request at RetryAfter")
-	// It took late past the due instant to get here; the next unit is
+	late := s.since(due)
+	// The refusal came at most late past the due instant; the next unit is
 	// period after the due instant.
 	wantDuration(t, d.RetryAfter, period-late-tol, period+tol, "RetryAfter after one refill")
 }
@@ -572,7 +673,7 @@ func (s *suite) testBurstDefault(t *testing.T) {
 	} {
 		scope := newScope(t, tc.name)
 		lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 6, Window: time.Minute, Burst: tc.burst}
-		start := time.Now()
+		start := s.now()
 		for i := range tc.want {
 			d := mustAllow(t, ctx, c, one(scope, lim, 1), fmt.Sprintf("%s: request %d", tc.name, i))
 			if got, want := d.Limits[0].Remaining, tc.want-i-1; got != want {
@@ -580,7 +681,7 @@ func (s *suite) testBurstDefault(t *testing.T) {
 			}
 		}
 		d := mustDeny(t, ctx, c, one(scope, lim, 1), tc.name+": request after the burst")
-		wantDuration(t, d.RetryAfter, 10*time.Second-time.Since(start)-tol, 10*time.Second+tol, tc.name+": RetryAfter")
+		wantDuration(t, d.RetryAfter, 10*time.Second-s.since(start)-tol, 10*time.Second+tol, tc.name+": RetryAfter")
 	}
 
 	// A quiet window later the full allowance is back, and not more.
@@ -589,7 +690,7 @@ func (s *suite) testBurstDefault(t *testing.T) {
 	for i := range 5 {
 		mustAllow(t, ctx, c, one(scope, lim, 1), fmt.Sprintf("first burst %d", i))
 	}
-	time.Sleep(3 * lim.Window) // quiet: three windows' worth would flow in, uncapped
+	s.sleep(3 * lim.Window) // quiet: three windows' worth would flow in, uncapped
 	d := mustAllow(t, ctx, c, one(scope, lim, 1), "after the quiet period")
 	if got := d.Limits[0].Remaining; got != 4 {
 		t.Fatalf("Remaining after a quiet period and one request = %d, want 4 (the bucket caps at its burst)", got)
@@ -1036,7 +1137,7 @@ func (s *suite) testReservationHold(t *testing.T) {
 	if err := c.Extend(ctx, kept.ID, 5*time.Second); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	time.Sleep(hold + 100*time.Millisecond) // let the hold pass
+	s.sleep(hold + 100*time.Millisecond) // let the hold pass
 	if err := c.Settle(ctx, dropped.ID, []int64{0}); !errors.Is(err, ratelimit.ErrUnknownReservation) {
 		t.Fatalf("Settle after the hold = %v, want ErrUnknownReservation", err)
 	}
@@ -1095,17 +1196,17 @@ func (s *suite) testPermitExpiry(t *testing.T) {
 	const hold = 300 * time.Millisecond
 	r := one(C, conc(1), 1)
 	r.Hold = hold
-	start := time.Now()
+	start := s.now()
 	mustAllow(t, ctx, c, r, "permit with a short hold")
-	admitted := time.Now() // the permit expires between start+hold and admitted+hold
+	admitted := s.now() // the permit expires between start+hold and admitted+hold
 	mustDeny(t, ctx, other, one(C, conc(1), 1), "while held")
-	if wait := time.Until(start.Add(hold - 100*time.Millisecond)); wait > 0 {
-		time.Sleep(wait)
-		if time.Since(start) < hold-50*time.Millisecond { // checked in time
+	if wait := s.until(start.Add(hold - 100*time.Millisecond)); wait > 0 {
+		s.sleep(wait)
+		if s.since(start) < hold-50*time.Millisecond { // checked in time
 			mustDeny(t, ctx, other, one(C, conc(1), 1), "just before the hold ends")
 		}
 	}
-	time.Sleep(time.Until(admitted.Add(hold + 20*time.Millisecond)))
+	s.sleep(s.until(admitted.Add(hold + 20*time.Millisecond)))
 	mustAllow(t, ctx, other, one(C, conc(1), 1), "after the hold")
 }
 
@@ -1121,7 +1222,7 @@ func (s *suite) testPermitExtend(t *testing.T) {
 	if err := other.Extend(ctx, d.ID, 3*time.Second); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	time.Sleep(hold + 200*time.Millisecond) // past the original hold
+	s.sleep(hold + 200*time.Millisecond) // past the original hold
 	mustDeny(t, ctx, other, one(C, conc(1), 1), "after the original hold, extended")
 	if err := c.Extend(ctx, d.ID, 3*time.Second); err != nil {
 		t.Fatalf("second Extend: %v", err)
@@ -1165,8 +1266,8 @@ func (s *suite) testWaitWokenBySettle(t *testing.T) {
 		mustSettle(t, ctx, waiter, w.d.ID, []int64{1})
 	}
 	t.Logf("Settle-to-admission latency over %d rounds: median %v, max %v", rounds, median(lat), slices.Max(lat))
-	if m := median(lat); m > wakeBound {
-		t.Fatalf("median Settle-to-admission latency %v, want below %v (is the waiter woken, or does it renew?)", m, wakeBound)
+	if m := median(lat); m > s.late {
+		t.Fatalf("median Settle-to-admission latency %v, want below %v (is the waiter woken, or does it renew?)", m, s.late)
 	}
 	if st := waiter.Stats(); st.Waited != rounds {
 		t.Fatalf("Stats().Waited = %d, want %d", st.Waited, rounds)
@@ -1214,8 +1315,8 @@ func (s *suite) testWaitWokenByRefill(t *testing.T) {
 		}
 		late := w.at.Sub(firstBack.Add(time.Duration(k+1) * period))
 		t.Logf("waiter %d admitted %v after its refill (first waiter's hint was %v)", k, late.Round(10*time.Microsecond), hint)
-		if late > hintBound {
-			t.Fatalf("waiter %d admitted %v after the refill made room (first hint %v), want within %v", k, late, hint, hintBound)
+		if late > s.late {
+			t.Fatalf("waiter %d admitted %v after the refill made room (first hint %v), want within %v", k, late, hint, s.late)
 		}
 		mustSettle(t, ctx, waiters[k], w.d.ID, []int64{1})
 	}
@@ -1242,8 +1343,8 @@ func (s *suite) testWaitWokenByPermitExpiry(t *testing.T) {
 	}
 	late := got.at.Sub(admitted.Add(hold))
 	t.Logf("waiter admitted %v after the abandoned permit expired (its hint: %v)", late.Round(10*time.Microsecond), w.spy.hint(wr.ID))
-	if late > hintBound {
-		t.Errorf("waiter admitted %v after the abandoned permit expired, want within %v: the walk knows when the permit expires but gives no hint, so the waiter finds out at its next renewal (every %v)", late, hintBound, waiterLease/3)
+	if late > s.late {
+		t.Errorf("waiter admitted %v after the abandoned permit expired, want within %v: the walk knows when the permit expires but gives no hint, so the waiter finds out at its next renewal (every %v)", late, s.late, waiterLease/3)
 	}
 }
 
@@ -1271,7 +1372,7 @@ func (s *suite) testSettleWakesEveryLane(t *testing.T) {
 	var slow []string
 	for i, ch := range chs {
 		w := receive(t, ch, waitBound, fmt.Sprintf("waiter in lane %d", i))
-		if d := w.at.Sub(start); d > wakeBound {
+		if d := w.at.Sub(start); d > s.late {
 			slow = append(slow, fmt.Sprintf("lane %d after %v", i, d.Round(time.Millisecond)))
 		}
 	}
@@ -1381,7 +1482,7 @@ func (s *suite) testOwnScopeDoesNotBlock(t *testing.T) {
 	reqB := ratelimit.Request{ID: newID("b"), Charges: []ratelimit.Charge{{Scope: dep, Limit: rph(100)}, {Scope: tb, Limit: conc(1)}}}
 	start := time.Now()
 	b := receive(t, waitAsync(ctx, wb, reqB), waitBound, "tenant b's waiter behind a")
-	if d := b.at.Sub(start); d > wakeBound {
+	if d := b.at.Sub(start); d > s.late {
 		t.Fatalf("tenant b's waiter admitted after %v, want at once", d)
 	}
 	notReturned(t, chA, "tenant a's waiter while its tenant's permit is held")
@@ -1390,8 +1491,8 @@ func (s *suite) testOwnScopeDoesNotBlock(t *testing.T) {
 	start = time.Now()
 	mustSettle(t, ctx, holder, h.ID, []int64{1})
 	a := receive(t, chA, waitBound, "tenant a's waiter")
-	if d := a.at.Sub(start); d > wakeBound {
-		t.Fatalf("tenant a's waiter admitted %v after its tenant's permit was released, want within %v", d, wakeBound)
+	if d := a.at.Sub(start); d > s.late {
+		t.Fatalf("tenant a's waiter admitted %v after its tenant's permit was released, want within %v", d, s.late)
 	}
 	wantRemaining(t, ctx, holder, dep, rph(100), 98, 98, "deployment after both")
 	mustSettle(t, ctx, wa, a.d.ID, []int64{1, 1})
@@ -1456,7 +1557,7 @@ func (s *suite) waitDeadline(t *testing.T, maxWait bool) {
 	if !errors.Is(err, ratelimit.ErrLimited) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait past its deadline = %v, want ErrLimited and DeadlineExceeded", err)
 	}
-	wantDuration(t, took, deadline-time.Millisecond, deadline+wakeBound, "Wait returned after")
+	wantDuration(t, took, deadline-time.Millisecond, deadline+s.late, "Wait returned after")
 	if d.Allowed || d.ID != req.ID || d.DeniedBy != A || d.DeniedKind != ratelimit.Tokens {
 		t.Fatalf("decision %+v, want not allowed, ID %q, denied by %q tokens", d, req.ID, A)
 	}
@@ -1557,13 +1658,15 @@ func (s *suite) testAllowNoJump(t *testing.T) {
 
 // testCooldown: a cooldown holds back every charge on its scope on every
 // replica, with RetryAfter the time left; a shorter one never shortens it,
-// a longer one extends it; it ends on time.
+// a longer one extends it; it ends on time. The cooldowns that must still
+// be on when the test looks are seconds long, so that no stall of a busy
+// machine between two steps outlasts them.
 func (s *suite) testCooldown(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	a, b := s.client(t), s.client(t)
 	S, other := newScope(t, "S"), newScope(t, "other")
-	const first = 800 * time.Millisecond
-	start := time.Now()
+	const first = 5 * time.Second
+	start := s.now()
 	left, err := a.Cooldown(ctx, S, first)
 	if err != nil {
 		t.Fatal(err)
@@ -1582,7 +1685,7 @@ func (s *suite) testCooldown(t *testing.T) {
 		if d.DeniedBy != S {
 			t.Fatalf("%s: denied by %q, want %q", tc.name, d.DeniedBy, S)
 		}
-		wantDuration(t, d.RetryAfter, first-time.Since(start)-tol, first+tol, tc.name+": RetryAfter in a cooldown")
+		wantDuration(t, d.RetryAfter, first-s.since(start)-tol, first+tol, tc.name+": RetryAfter in a cooldown")
 	}
 	wantRemaining(t, ctx, b, other, rpm(100), 100, 100, "the other scope of refused requests")
 
@@ -1591,29 +1694,29 @@ func (s *suite) testCooldown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantDuration(t, left, first-time.Since(start)-tol, first+tol, "shorter Cooldown's answer")
-	time.Sleep(200 * time.Millisecond) // past the shorter one
+	wantDuration(t, left, first-s.since(start)-tol, first+tol, "shorter Cooldown's answer")
+	s.sleep(200 * time.Millisecond) // past the shorter one
 	d := mustDeny(t, ctx, a, one(S, rpm(100), 1), "after the shorter cooldown would have ended")
-	wantDuration(t, d.RetryAfter, first-time.Since(start)-tol, first-200*time.Millisecond+tol, "RetryAfter after a shorter Cooldown")
+	wantDuration(t, d.RetryAfter, first-s.since(start)-tol, first-200*time.Millisecond+tol, "RetryAfter after a shorter Cooldown")
 
 	// A longer one extends it.
-	const longer = 2 * time.Second
-	extended := time.Now()
+	const longer = 10 * time.Second
+	extended := s.now()
 	left, err = b.Cooldown(ctx, S, longer)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantDuration(t, left, longer-tol, longer, "longer Cooldown's answer")
 	d = mustDeny(t, ctx, a, one(S, rpm(100), 1), "after the longer cooldown")
-	wantDuration(t, d.RetryAfter, longer-time.Since(extended)-tol, longer+tol, "RetryAfter after a longer Cooldown")
+	wantDuration(t, d.RetryAfter, longer-s.since(extended)-tol, longer+tol, "RetryAfter after a longer Cooldown")
 
 	// It ends on time.
 	E := newScope(t, "E")
-	if _, err := a.Cooldown(ctx, E, 150*time.Millisecond); err != nil {
+	if _, err := a.Cooldown(ctx, E, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	d = mustDeny(t, ctx, b, one(E, rpm(100), 1), "in a short cooldown")
-	time.Sleep(d.RetryAfter + 5*time.Millisecond)
+	s.sleep(d.RetryAfter + 5*time.Millisecond)
 	mustAllow(t, ctx, b, one(E, rpm(100), 1), "after the cooldown")
 }
 
@@ -1637,8 +1740,8 @@ func (s *suite) testCooldownWakesWaiter(t *testing.T) {
 	}
 	late := got.at.Sub(set.Add(cd))
 	t.Logf("admitted %v after the cooldown ended (hint %v)", late.Round(10*time.Microsecond), w.spy.hint(r.ID))
-	if late > hintBound {
-		t.Fatalf("admitted %v after the cooldown ended, want within %v", late, hintBound)
+	if late > s.late {
+		t.Fatalf("admitted %v after the cooldown ended, want within %v", late, s.late)
 	}
 }
 
@@ -1751,20 +1854,20 @@ func (s *suite) testLearnExpires(t *testing.T) {
 	S := newScope(t, "S")
 	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 100, Window: time.Second} // one per 10ms
 	const ttl = 300 * time.Millisecond
-	before := time.Now()
+	before := s.now()
 	if err := a.Learn(ctx, S, lim, ratelimit.Learned{Limit: 1, Remaining: 0, TTL: ttl}); err != nil { // one a second, none left
 		t.Fatal(err)
 	}
-	learned := time.Now()
+	learned := s.now()
 	d := mustDeny(t, ctx, b, one(S, lim, 1), "while the learned limit holds")
-	wantDuration(t, d.RetryAfter, time.Second-time.Since(before)-tol, time.Second+tol, "RetryAfter at the learned rate")
+	wantDuration(t, d.RetryAfter, time.Second-s.since(before)-tol, time.Second+tol, "RetryAfter at the learned rate")
 	// Time itself is the subject: let the learned limit end, and 200ms
 	// more at the charge's own rate (20 requests' worth).
-	time.Sleep(time.Until(learned.Add(ttl + 200*time.Millisecond)))
-	lo := refilled(lim, time.Since(learned)-ttl)
+	s.sleep(s.until(learned.Add(ttl + 200*time.Millisecond)))
+	lo := refilled(lim, s.since(learned)-ttl)
 	got := remaining(t, ctx, b, S, lim)
 	// Under the learned limit, its bucket of 1 would be all there is.
-	if hi := 2 + refilled(lim, time.Since(before)-ttl); got < lo || got > hi {
+	if hi := 2 + refilled(lim, s.since(before)-ttl); got < lo || got > hi {
 		t.Fatalf("%d requests left %v after the learned limit ended, want between %d and %d (the charge's own rate)", got, ttl, lo, hi)
 	}
 }
@@ -1789,8 +1892,8 @@ func (s *suite) testLearnWaiter(t *testing.T) {
 	if early := start.Add(period).Sub(got.at); early > 2*time.Millisecond {
 		t.Fatalf("admitted %v before the learned rate had refilled one request", early)
 	}
-	if late := got.at.Sub(set.Add(period)); late > hintBound {
-		t.Fatalf("admitted %v after the learned rate refilled one request, want within %v", late, hintBound)
+	if late := got.at.Sub(set.Add(period)); late > s.late {
+		t.Fatalf("admitted %v after the learned rate refilled one request, want within %v", late, s.late)
 	}
 	mustDeny(t, ctx, a, one(S, lim, 1), "right after the waiter")
 }
@@ -1936,16 +2039,36 @@ func (s *suite) testInvalid(t *testing.T) {
 func (s *suite) testWaitDefers(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	c := s.client(t)
-	A := newScope(t, "A")
+	// A is the scope; each attempt below takes a new one.
+	var A string
 	lim := ratelimit.Limit{Kind: ratelimit.Requests, Limit: 40, Window: time.Second, Burst: 1} // one per 25ms
 	period := rateP(lim)
 	if period > ratelimit.MaxDefer {
 		t.Fatalf("test limit refills every %v, beyond MaxDefer %v", period, ratelimit.MaxDefer)
 	}
 
-	took := time.Now()
-	mustAllow(t, ctx, c, one(A, lim, 1), "the one token")
-	d := mustDeny(t, ctx, c, one(A, lim, 1), "Allow with the bucket empty")
+	// Empty the bucket. If the machine stalls for a period between the two
+	// Allows, the second legitimately finds a new token: start again.
+	var took time.Time
+	var d ratelimit.Decision
+	for attempt := 1; ; attempt++ {
+		A = newScope(t, "A")
+		took = time.Now()
+		mustAllow(t, ctx, c, one(A, lim, 1), "the one token")
+		var err error
+		if d, err = c.Allow(ctx, one(A, lim, 1)); err != nil {
+			t.Fatalf("Allow with the bucket empty: %v", err)
+		}
+		if !d.Allowed {
+			break
+		}
+		if since := time.Since(took); since < period-3*time.Millisecond {
+			t.Fatalf("Allow with the bucket empty admitted %v after the only token was taken (one per %v)", since, period)
+		}
+		if attempt == 5 {
+			t.Fatalf("the machine stalled for a period between two Allows %d times in a row", attempt)
+		}
+	}
 	if d.Delay != 0 || d.RetryAfter <= 0 || d.RetryAfter > period {
 		t.Fatalf("refused Allow: Delay %v, RetryAfter %v; want no delay and a retry within %v", d.Delay, d.RetryAfter, period)
 	}
@@ -1957,30 +2080,63 @@ func (s *suite) testWaitDefers(t *testing.T) {
 	if back := time.Since(took); back < period-3*time.Millisecond {
 		t.Fatalf("Wait returned %v after the bucket was emptied, before its token existed (one per %v)", back, period)
 	}
-	mustDeny(t, ctx, c, one(A, lim, 1), "Allow right after the deferred admission")
+	// Nothing beyond the bucket: the bucket was full (one token) no earlier
+	// than took and gains one per period, and two were taken. A third may
+	// be admitted only if the machine stalled here for a period.
+	if d, err := c.Allow(ctx, one(A, lim, 1)); err != nil {
+		t.Fatalf("Allow right after the deferred admission: %v", err)
+	} else if d.Allowed {
+		if since := time.Since(took); since < 2*period-3*time.Millisecond {
+			t.Fatalf("Allow right after the deferred admission was admitted %v after the bucket was emptied: 3 admissions when at most %d tokens existed", since, 1+int(since/period))
+		}
+		t.Logf("Allow right after the deferred admission was admitted: the machine stalled for %v, a token had accrued", time.Since(took))
+	}
 
 	// A run of Waits keeps the rate: n admissions take about n periods.
+	// The only capacity they may lose is what the machine's stalls cost,
+	// measured around each store call: the time a call spent in the store,
+	// and the time by which the next call came later than the token after
+	// the one this call was given (deferral absorbs anything less). A Wait
+	// that may have reached the store after its token existed (it returned
+	// more than a period after the previous one could have been given its
+	// token) came late and need not be deferred.
 	const n = 20
 	runStart := time.Now()
-	deferred := 0
+	deferred, late := 0, 0
+	var excused time.Duration
+	var prev span
+	var prevDelay time.Duration
 	for i := range n {
-		w, err := c.Wait(ctx, one(A, lim, 1))
+		r := one(A, lim, 1)
+		r.ID = newID(fmt.Sprintf("w%d", i))
+		w, err := c.Wait(ctx, r)
 		if err != nil || !w.Allowed {
 			t.Fatalf("wait %d: %+v, %v", i, w, err)
 		}
 		if w.Delay > 0 {
 			deferred++
 		}
+		sp := c.spy.span(r.ID)
+		excused += sp.end.Sub(sp.start)
+		if i == 0 || sp.end.Sub(prev.start)-prevDelay > period {
+			late++
+		}
+		if i > 0 {
+			if stall := sp.start.Sub(prev.end) - prevDelay - period; stall > 0 {
+				excused += stall
+			}
+		}
+		prev, prevDelay = sp, w.Delay
 	}
 	run := time.Since(runStart)
-	if deferred < n/2 {
-		t.Fatalf("only %d of %d Waits were admitted ahead of their token; the rest paid the wake-up latency", deferred, n)
+	if deferred < (n-late)/2 {
+		t.Fatalf("only %d of %d Waits (%d of them came late) were admitted ahead of their token; the rest paid the wake-up latency", deferred, n, late)
 	}
 	if least := time.Duration(n-1) * period; run < least-5*time.Millisecond {
 		t.Fatalf("%d Waits took %v: faster than one per %v, over the limit", n, run, period)
 	}
-	if most := time.Duration(n+1)*period + 200*time.Millisecond; run > most {
-		t.Fatalf("%d Waits took %v, want about %v: wake-up latency wastes capacity", n, run, time.Duration(n)*period)
+	if most := time.Duration(n+1)*period + excused + 200*time.Millisecond; run > most {
+		t.Fatalf("%d Waits took %v, want about %v plus the %v the machine's stalls cost: wake-up latency wastes capacity", n, run, time.Duration(n)*period, excused)
 	}
 	t.Logf("%d Waits at one per %v took %v", n, period, run)
 

@@ -291,6 +291,7 @@ type hammerResult struct {
 	Units      int64  `json:"units"`    // units of the limit they took
 	Attempts   int64  `json:"attempts"`
 	FirstStart int64  `json:"first_start"` // unix ns when the first admitted call started; 0: none
+	FirstEnd   int64  `json:"first_end"`   // unix ns when the first admitted call returned; 0: none
 	LastEnd    int64  `json:"last_end"`    // unix ns: the last admitted call's return, or the run's end
 	Errors     int64  `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
@@ -303,6 +304,9 @@ func (h *hammerResult) add(o hammerResult) {
 	h.Errors += o.Errors
 	if o.FirstStart != 0 && (h.FirstStart == 0 || o.FirstStart < h.FirstStart) {
 		h.FirstStart = o.FirstStart
+	}
+	if o.FirstEnd != 0 && (h.FirstEnd == 0 || o.FirstEnd < h.FirstEnd) {
+		h.FirstEnd = o.FirstEnd
 	}
 	h.LastEnd = max(h.LastEnd, o.LastEnd)
 	if h.FirstError == "" {
@@ -375,6 +379,7 @@ func hammer(ctx context.Context, l *ratelimit.Limiter, cfg hammerCfg, start, end
 					res.Units += cost
 					if res.FirstStart == 0 {
 						res.FirstStart = t0.UnixNano()
+						res.FirstEnd = t1.UnixNano()
 					}
 				}
 			}
@@ -389,7 +394,7 @@ func hammer(ctx context.Context, l *ratelimit.Limiter, cfg hammerCfg, start, end
 
 // TestAccuracyAcrossReplicas: four independent clients, two goroutine
 // clients in this process and two child processes, each on its own
-// connection, hammer one limit of 200 per second (burst 200) for 3s. The
+// connection, hammer one limit of 200 per second (burst 600) for 3s. The
 // total admitted is between 99% and 100% of the ideal, never above it;
 // likewise for a tokens limit with costs of 1 to 50, and with Wait.
 //
@@ -402,11 +407,18 @@ func hammer(ctx context.Context, l *ratelimit.Limiter, cfg hammerCfg, start, end
 // ideal = burst + rate·(lastEnd − firstStart), with lastEnd the later of
 // the last admitted call's return and the end of the run (while the run
 // lasts, the clients keep asking), is an upper bound on what a perfect
-// limiter could admit: admitted must never exceed it. With every
-// client asking all the time, the bucket is emptied whenever it holds a
-// request's worth, so only the last fraction of a request (for tokens:
-// less than the largest cost) and a round trip at each end go unused,
-// hence the 99% floor.
+// limiter could admit: admitted must never exceed it.
+//
+// The floor. A busy machine stalls the clients, so they do not ask all the
+// time, and a call may return long after the run's end; what they did not
+// ask for is not the limiter's loss. What the limiter must not lose is
+// counted without timing the clients: the bucket existed by the return of
+// the first admitted call (firstEnd), so by the run's end it has gained
+// burst + rate·(end − firstEnd), and that is either admitted or still in
+// the bucket, which a probe reads at the end (nothing is lost to a full
+// bucket unless every client stalls for the 3s the burst lasts). So admitted plus
+// the level at the end is at least 99% of that, the 1% being a fraction of
+// a request and the probe's own round trip.
 func TestAccuracyAcrossReplicas(t *testing.T) {
 	r := testutil.StartRedis(t)
 	const rate = 200
@@ -425,7 +437,9 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t, 60*time.Second)
 			cfg := hammerCfg{
-				Limit:   ratelimit.Limit{Kind: tc.kind, Limit: tc.rate, Window: time.Second}, // burst = rate
+				// A burst of 3s: no stall of a busy machine lets the bucket
+				// overflow, so only the limiter can lose capacity.
+				Limit:   ratelimit.Limit{Kind: tc.kind, Limit: tc.rate, Window: time.Second, Burst: 3 * tc.rate},
 				Scope:   newScope(t, "shared"),
 				MaxCost: tc.maxCost, Wait: tc.wait, Workers: tc.workers,
 			}
@@ -442,6 +456,23 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 			const runFor = 3 * time.Second
 			start := time.Now().Add(100 * time.Millisecond)
 			end := start.Add(runFor)
+			// The probe reads the bucket at the end of the run.
+			probe := newLimiter(t, r)
+			level := make(chan int64, 1)
+			go func() {
+				time.Sleep(time.Until(end)) // the agreed end: the schedule is the test's input
+				d, err := probe.Allow(ctx, one(cfg.Scope, cfg.Limit, 1))
+				if err != nil || len(d.Limits) != 1 {
+					t.Errorf("probe at the end: %+v, %v", d, err)
+					level <- 0
+					return
+				}
+				n := d.Limits[0].Remaining
+				if d.Allowed {
+					n++ // the probe took one
+				}
+				level <- n
+			}()
 			for i, c := range children {
 				if _, err := fmt.Fprintf(c.Stdin, "go %d %d\n", start.UnixNano(), end.UnixNano()); err != nil {
 					t.Fatalf("child %d: %v", i, err)
@@ -478,14 +509,18 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 				t.Fatalf("%d errors; first: %s", total.Errors, total.FirstError)
 			}
 			elapsed := time.Duration(total.LastEnd - total.FirstStart)
-			ideal := float64(cfg.Limit.Limit) + float64(cfg.Limit.Limit)*elapsed.Seconds()
+			ideal := float64(cfg.Limit.Burst) + float64(cfg.Limit.Limit)*elapsed.Seconds()
 			pct := 100 * float64(total.Units) / ideal
 			t.Logf("%d units admitted in %v by %d attempts; ideal %.1f: %.2f%%", total.Units, elapsed.Round(time.Millisecond), total.Attempts, ideal, pct)
 			if float64(total.Units) > ideal+1e-9 {
 				t.Fatalf("admitted %d units, above the ideal %.2f: the limiter let more through than the bucket holds", total.Units, ideal)
 			}
-			if pct < 99 {
-				t.Fatalf("admitted %.2f%% of the ideal, want at least 99%%", pct)
+			left := <-level
+			gained := float64(cfg.Limit.Burst) + float64(cfg.Limit.Limit)*time.Duration(end.UnixNano()-total.FirstEnd).Seconds()
+			used := 100 * float64(total.Units+left) / gained
+			t.Logf("%d units left in the bucket at the end; admitted and left: %.2f%% of the %.1f gained by then", left, used, gained)
+			if used < 99 {
+				t.Fatalf("admitted %d units and %d were left at the end: %.2f%% of the %.1f the bucket gained, want at least 99%%: the limiter lost capacity", total.Units, left, used, gained)
 			}
 		})
 	}
@@ -523,7 +558,7 @@ func TestKilledHolderPermitFreedAfterHold(t *testing.T) {
 	// The waiter is told nothing when the permit expires (see the
 	// conformance test WaitWokenByPermitExpiry); it finds out when it renews
 	// its place, every DefaultWaiterLease/3.
-	if bound := ratelimit.DefaultWaiterLease/3 + 500*time.Millisecond; late > bound {
+	if bound := ratelimit.DefaultWaiterLease/3 + r.LateBound(t, 50, 2*time.Second); late > bound {
 		t.Fatalf("permit granted %v after the killed holder's hold ended, want within %v", late, bound)
 	}
 	if n := r.Int(t, "ZCARD", base+":c:"+scope); n != 1 {
@@ -542,14 +577,17 @@ func TestKilledWaiterDoesNotPin(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		settleAfter  time.Duration // how long after the kill the holder settles
-		within       time.Duration // how soon after the settle the live waiter is served
+		within       time.Duration // how soon after the settle the live waiter is served, less a busy machine's delays
 		deadAdmitted bool
 		waiterLease  time.Duration
 		deadHold     time.Duration
 	}{
-		{name: "place expired", settleAfter: 900 * time.Millisecond, within: 200 * time.Millisecond, waiterLease: 300 * time.Millisecond, deadHold: 400 * time.Millisecond},
-		{name: "admitted while dead", settleAfter: 0, within: 400*time.Millisecond + ratelimit.DefaultWaiterLease/3 + 300*time.Millisecond, deadAdmitted: true, waiterLease: 3 * time.Second, deadHold: 400 * time.Millisecond},
+		{name: "place expired", settleAfter: 900 * time.Millisecond, within: 0, waiterLease: 300 * time.Millisecond, deadHold: 400 * time.Millisecond},
+		{name: "admitted while dead", settleAfter: 0, within: 400*time.Millisecond + ratelimit.DefaultWaiterLease/3, deadAdmitted: true, waiterLease: 3 * time.Second, deadHold: 400 * time.Millisecond},
 	} {
+		// Whether the dead waiter was admitted is told by its reservation,
+		// not by timing; the bound only says the live one was not stuck.
+		tc.within += r.LateBound(t, 50, 2*time.Second)
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t, 30*time.Second)
 			scope := newScope(t, "C")
@@ -784,8 +822,10 @@ func TestWakeLatencyAfterSettle(t *testing.T) {
 	}
 	slices.Sort(lat)
 	t.Logf("Settle-to-admission over %d hand-offs: median %v, p90 %v, max %v", n, lat[n/2], lat[n*9/10], lat[n-1])
-	if lat[n/2] > 10*time.Millisecond {
-		t.Fatalf("median wake latency %v, want below 10ms (is the waiter woken, or does it renew?)", lat[n/2])
+	// Far below the waiters' renewal every 1s; in round trips, with a
+	// floor for a busy machine.
+	if bound := r.LateBound(t, 20, 50*time.Millisecond); lat[n/2] > bound {
+		t.Fatalf("median wake latency %v, want below %v (is the waiter woken, or does it renew?)", lat[n/2], bound)
 	}
 }
 
