@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -460,6 +461,69 @@ func scanCount(ctx context.Context, r *Redis, pattern string) (int, error) {
 		cursor = strconv.FormatUint(e.Cursor, 10)
 	}
 	return 0, fmt.Errorf("%s SCAN did not finish", r.Addr)
+}
+
+// DataCommands returns, for each current master, how many commands that
+// read or write keys it has served (INFO commandstats, without the
+// cluster, connection, Pub/Sub and introspection commands every node
+// sees). Two readings around a test show which shards its keys used.
+func (c *Cluster) DataCommands(ctx context.Context) (map[*Redis]int64, error) {
+	masters, err := c.Masters(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[*Redis]int64{}
+	for _, m := range masters {
+		stats, err := m.info(ctx, "commandstats")
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range stats {
+			name, ok := strings.CutPrefix(k, "cmdstat_")
+			if !ok || notData(name) {
+				continue
+			}
+			// calls=12,usec=...
+			calls, _, _ := strings.Cut(strings.TrimPrefix(v, "calls="), ",")
+			n, _ := strconv.ParseInt(calls, 10, 64)
+			out[m] += n
+		}
+	}
+	return out, nil
+}
+
+// notData reports commands that touch no key of a test.
+func notData(name string) bool {
+	for _, p := range []string{"cluster|", "client|", "command|", "config|", "script|", "function|", "memory|", "latency|", "slowlog|", "acl|", "pubsub|"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	switch name {
+	case "info", "ping", "hello", "auth", "select", "readonly", "readwrite", "wait", "waitaof", "scan", "keys", "dbsize", "echo", "time",
+		"publish", "subscribe", "unsubscribe", "psubscribe", "punsubscribe", "replconf", "psync", "sync", "multi", "exec", "discard":
+		return true
+	}
+	return false
+}
+
+// Spread returns the data commands each master served between before (a
+// DataCommands reading) and now, and how many masters served at least
+// min of them.
+func (c *Cluster) Spread(ctx context.Context, before map[*Redis]int64, min int64) (map[*Redis]int64, int, error) {
+	after, err := c.DataCommands(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	d := map[*Redis]int64{}
+	used := 0
+	for m, n := range after {
+		d[m] = n - before[m]
+		if d[m] >= min {
+			used++
+		}
+	}
+	return d, used, nil
 }
 
 // WaitStable waits until every running node reports cluster_state:ok and
@@ -1065,4 +1129,32 @@ func SharedSentinel(tb testing.TB) *Sentinel {
 		tb.Fatalf("start sentinel topology: %v", shared.seErr)
 	}
 	return shared.sentinel
+}
+
+// TrackSpread reads DataCommands now; the function it returns reads them
+// again and fails the test unless at least two masters each served at
+// least min of the data commands in between, logging the spread. It is
+// how a test shows that its keys did not all land on one shard.
+func (c *Cluster) TrackSpread(tb testing.TB, min int64) func() {
+	tb.Helper()
+	ctx := context.Background()
+	before, err := c.DataCommands(ctx)
+	if err != nil {
+		tb.Fatalf("read command stats: %v", err)
+	}
+	return func() {
+		tb.Helper()
+		d, used, err := c.Spread(ctx, before, min)
+		if err != nil {
+			tb.Fatalf("read command stats: %v", err)
+		}
+		var parts []string
+		for _, m := range slices.SortedFunc(maps.Keys(d), func(a, b *Redis) int { return a.Port - b.Port }) {
+			parts = append(parts, fmt.Sprintf("%s: %d", m.Addr, d[m]))
+		}
+		tb.Logf("data commands per master: %s", strings.Join(parts, ", "))
+		if used < 2 {
+			tb.Errorf("%d of %d masters served at least %d data commands; the keys did not spread over the shards", used, len(d), min)
+		}
+	}
 }
