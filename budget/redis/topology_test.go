@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/llmgate/llmgate/budget"
@@ -19,6 +20,11 @@ func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
 // checks.
 func TestConformanceCluster3(t *testing.T) {
 	c := testutil.SharedCluster(t)
+	// The server must refuse a cross-slot script, or this test proves
+	// nothing about the key layout.
+	if line, _ := c.Nodes[0].Do(t.Context(), "EVAL", "return 1", "2", "{a}x", "{b}x"); !strings.HasPrefix(line, "-CROSSSLOT") {
+		t.Fatalf("a cross-slot EVAL answered %q, want a CROSSSLOT error", line)
+	}
 	check := c.TrackSpread(t, 10)
 	budgettest.Run(t, func(t *testing.T, _ clock.Clock) func() budget.Backend {
 		return func() budget.Backend { return redis.New(c.Client(t), redis.Config{}) }

@@ -53,20 +53,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceCluster runs the suite on a one-node Redis Cluster, whose
-// server refuses any script touching keys of two slots.
-func TestConformanceCluster(t *testing.T) {
-	r := testutil.StartCluster(t)
-	ratelimittest.Run(t, func(t *testing.T) ratelimit.Backend {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
-		if err != nil {
-			t.Fatalf("cluster client: %v", err)
-		}
-		t.Cleanup(c.Close)
-		return inspected{Backend: redis.New(c, redis.Config{}), c: c}
-	})
-}
-
 // ---------------------------------------------------------------------------
 // Helpers
 
