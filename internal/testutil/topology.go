@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -148,6 +149,9 @@ type Cluster struct {
 	dir     string
 	ids     map[*Redis]string // node ID of each node
 	bus     map[*Redis]int    // cluster bus port of each node
+
+	cutMu  sync.Mutex // protects resume
+	resume func()     // resumes replicas paused by CutReplication
 }
 
 // SlotRange is one range of hash slots and the nodes serving it.
@@ -615,6 +619,7 @@ func (c *Cluster) KillMaster(ctx context.Context, master *Redis) (*Redis, time.D
 	}
 	start := time.Now()
 	master.Stop()
+	c.resumeOnce()
 	err = waitFor(ctx, topologyTimeout, "replica takes over", func() error {
 		return c.agreeMaster(ctx, rep)
 	})
@@ -665,6 +670,7 @@ func (c *Cluster) waitMaster(ctx context.Context, newMaster, old *Redis) error {
 
 // Stop kills every node.
 func (c *Cluster) Stop() {
+	c.resumeOnce()
 	for _, n := range c.Nodes {
 		n.Stop()
 	}
@@ -678,6 +684,9 @@ type Sentinel struct {
 	Data      []*Redis      // the master and its replicas; which is master changes with failovers
 	Sentinels []*Redis      // the three sentinels
 	Started   time.Duration // how long it took to start and settle
+
+	cutMu  sync.Mutex // protects resume
+	resume func()     // resumes replicas paused by CutReplication
 }
 
 // StartSentinel starts a Sentinel topology for this test alone and stops it
@@ -989,6 +998,7 @@ func (s *Sentinel) KillMaster(ctx context.Context) (*Redis, time.Duration, error
 	}
 	start := time.Now()
 	old.Stop()
+	s.resumeOnce()
 	m, err := s.waitPromoted(ctx, old)
 	down := time.Since(start)
 	if err != nil {
@@ -1022,6 +1032,7 @@ func (s *Sentinel) agreedNewMaster(ctx context.Context, old *Redis) (*Redis, err
 
 // Stop kills every process.
 func (s *Sentinel) Stop() {
+	s.resumeOnce()
 	for _, n := range s.Sentinels {
 		n.Stop()
 	}
@@ -1156,5 +1167,122 @@ func (c *Cluster) TrackSpread(tb testing.TB, min int64) func() {
 		if used < 2 {
 			tb.Errorf("%d of %d masters served at least %d data commands; the keys did not spread over the shards", used, len(d), min)
 		}
+	}
+}
+
+// Pause stops the process (SIGSTOP) until Resume: it neither answers nor
+// reads what its master sends it.
+func (r *Redis) Pause() error { return r.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused process (SIGCONT).
+func (r *Redis) Resume() error { return r.signal(syscall.SIGCONT) }
+
+func (r *Redis) signal(sig syscall.Signal) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return fmt.Errorf("%s is not running", r.Addr)
+	}
+	return r.cmd.Process.Signal(sig)
+}
+
+// cutReplication pauses replicas and fills master's replication link with
+// a write of key (which must live on master), so that whatever master
+// acknowledges next waits in its output buffer: 32 MiB is far more than the
+// loopback socket buffers hold. It returns the function that resumes the
+// replicas.
+func cutReplication(ctx context.Context, master *Redis, replicas []*Redis, key string) (func(), error) {
+	var paused []*Redis
+	resume := func() {
+		for _, r := range paused {
+			_ = r.Resume()
+		}
+	}
+	for _, r := range replicas {
+		if err := r.Pause(); err != nil {
+			resume()
+			return nil, err
+		}
+		paused = append(paused, r)
+	}
+	if err := master.ok(ctx, "SET", key, strings.Repeat("x", 32<<20), "PX", "60000"); err != nil {
+		resume()
+		return nil, err
+	}
+	return resume, nil
+}
+
+// CutReplication makes the master's next writes unreplicated, as a slow
+// network or a busy replica would: it pauses its replicas (SIGSTOP) and
+// fills the replication link, so that what the master acknowledges next
+// dies with it. The next KillMaster resumes the replicas right after the
+// kill; without one, call the returned function.
+func (s *Sentinel) CutReplication(ctx context.Context) (resume func(), err error) {
+	m, err := s.Master(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var reps []*Redis
+	for _, r := range s.Data {
+		if r != m {
+			reps = append(reps, r)
+		}
+	}
+	resume, err = cutReplication(ctx, m, reps, "testutil:filler")
+	if err != nil {
+		return nil, err
+	}
+	s.cutMu.Lock()
+	s.resume = resume
+	s.cutMu.Unlock()
+	return s.resumeOnce, nil
+}
+
+// resumeOnce resumes replicas paused by CutReplication, if any.
+func (s *Sentinel) resumeOnce() {
+	s.cutMu.Lock()
+	r := s.resume
+	s.resume = nil
+	s.cutMu.Unlock()
+	if r != nil {
+		r()
+	}
+}
+
+// CutReplication is Sentinel.CutReplication for master's replica.
+func (c *Cluster) CutReplication(ctx context.Context, master *Redis) (resume func(), err error) {
+	rep, err := c.replicaOf(ctx, master)
+	if err != nil {
+		return nil, err
+	}
+	key := ""
+	for i := range 10_000 {
+		k := "testutil:filler:" + strconv.Itoa(i)
+		if m, err := c.MasterOf(ctx, k); err == nil && m == master {
+			key = k
+			break
+		}
+	}
+	if key == "" {
+		return nil, fmt.Errorf("no filler key on %s", master.Addr)
+	}
+	resume, err = cutReplication(ctx, master, []*Redis{rep}, key)
+	if err != nil {
+		return nil, err
+	}
+	c.cutMu.Lock()
+	c.resume = resume
+	c.cutMu.Unlock()
+	return c.resumeOnce, nil
+}
+
+// resumeOnce resumes a replica paused by CutReplication, if any.
+func (c *Cluster) resumeOnce() {
+	c.cutMu.Lock()
+	r := c.resume
+	c.resume = nil
+	c.cutMu.Unlock()
+	if r != nil {
+		r()
 	}
 }
