@@ -82,7 +82,7 @@ func TestFailoverCluster(t *testing.T) {
 			t.Fatalf("no name from %q on %s", base, m.Addr)
 			return ""
 		},
-		cut:  func(ctx context.Context) (func(), error) { return c.CutReplication(ctx, m) },
+		cut: func(ctx context.Context) (func(), error) { return c.CutReplication(ctx, m) },
 		kill: func(ctx context.Context) (time.Duration, error) {
 			_, d, err := c.KillMaster(ctx, m)
 			return d, err
