@@ -272,6 +272,20 @@ func run(t *testing.T, topo topology) {
 		t.Fatal(err)
 	}
 
+	// The same writes with AckReplicas fail closed instead.
+	ackLocker := lock.New(lockredis.New(open(), lockredis.Config{AckReplicas: 1, AckTimeout: 200 * time.Millisecond}))
+	if l, err := ackLocker.TryAcquire(ctx, topo.place(t, "ackprobe-"+run+"-", lockTag), lock.Options{TTL: lockTTL}); !errors.Is(err, lockredis.ErrNotReplicated) {
+		t.Errorf("lock with AckReplicas while the replicas were cut off: %v, %v; want ErrNotReplicated", l, err)
+	}
+	ackBM, err := budget.New(budgetredis.New(open(), budgetredis.Config{AckReplicas: 1, AckTimeout: 200 * time.Millisecond}), budget.Config{Prices: budget.PriceTable{"m": {InputPerMTok: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ackBud := budget.Budget{Tenant: topo.place(t, "apt-"+run+"-", budgetTag), Period: budget.Month, Tokens: 1 << 40}
+	if _, err := ackBM.Reserve(ctx, ackBud, "", "m", budget.Usage{PromptTokens: 1000}); !errors.Is(err, budgetredis.ErrNotReplicated) {
+		t.Errorf("budget with AckReplicas while the replicas were cut off: %v; want ErrNotReplicated", err)
+	}
+
 	killed := time.Now()
 	down, err := topo.kill(ctx)
 	if err != nil {
