@@ -251,18 +251,27 @@ func run(t *testing.T, topo topology) {
 	ackMu.Lock()
 	ackedBefore := acked
 	ackMu.Unlock()
+	// Names first: between the cut and the kill no time is to be lost (a
+	// replica paused for longer than the node timeout is reported failed).
+	probeKey := topo.place(t, "probe-"+run+"-", lockTag)
+	probeTenant := topo.place(t, "pt-"+run+"-", budgetTag)
+	ackProbeKey := topo.place(t, "ackprobe-"+run+"-", lockTag)
+	ackTenant := topo.place(t, "apt-"+run+"-", budgetTag)
+	ackLocker := lock.New(lockredis.New(open(), lockredis.Config{AckReplicas: 1, AckTimeout: 200 * time.Millisecond}))
+	ackBM, err := budget.New(budgetredis.New(open(), budgetredis.Config{AckReplicas: 1, AckTimeout: 200 * time.Millisecond}), budget.Config{Prices: budget.PriceTable{"m": {InputPerMTok: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	waitReplicated(t, ctx, topo.master)
 	resume, err := topo.cut(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resume()
-	probeKey := topo.place(t, "probe-"+run+"-", lockTag)
 	probe, err := holder.TryAcquire(ctx, probeKey, lock.Options{TTL: lockTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	probeTenant := topo.place(t, "pt-"+run+"-", budgetTag)
 	probeBud := budget.Budget{Tenant: probeTenant, Period: budget.Month, Tokens: 1 << 40}
 	pres, err := bm.Reserve(ctx, probeBud, "", "m", budget.Usage{PromptTokens: 1000})
 	if err == nil {
@@ -273,15 +282,10 @@ func run(t *testing.T, topo topology) {
 	}
 
 	// The same writes with AckReplicas fail closed instead.
-	ackLocker := lock.New(lockredis.New(open(), lockredis.Config{AckReplicas: 1, AckTimeout: 200 * time.Millisecond}))
-	if l, err := ackLocker.TryAcquire(ctx, topo.place(t, "ackprobe-"+run+"-", lockTag), lock.Options{TTL: lockTTL}); !errors.Is(err, lockredis.ErrNotReplicated) {
+	if l, err := ackLocker.TryAcquire(ctx, ackProbeKey, lock.Options{TTL: lockTTL}); !errors.Is(err, lockredis.ErrNotReplicated) {
 		t.Errorf("lock with AckReplicas while the replicas were cut off: %v, %v; want ErrNotReplicated", l, err)
 	}
-	ackBM, err := budget.New(budgetredis.New(open(), budgetredis.Config{AckReplicas: 1, AckTimeout: 200 * time.Millisecond}), budget.Config{Prices: budget.PriceTable{"m": {InputPerMTok: 1}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ackBud := budget.Budget{Tenant: topo.place(t, "apt-"+run+"-", budgetTag), Period: budget.Month, Tokens: 1 << 40}
+	ackBud := budget.Budget{Tenant: ackTenant, Period: budget.Month, Tokens: 1 << 40}
 	if _, err := ackBM.Reserve(ctx, ackBud, "", "m", budget.Usage{PromptTokens: 1000}); !errors.Is(err, budgetredis.ErrNotReplicated) {
 		t.Errorf("budget with AckReplicas while the replicas were cut off: %v; want ErrNotReplicated", err)
 	}

@@ -89,8 +89,8 @@ type Config struct {
 	AckTimeout time.Duration
 }
 
-// Backend is a lock.Backend on Redis or Valkey 7+, standalone or Cluster
-// (Sentinel through rueidis, not tested yet).
+// Backend is a lock.Backend on Redis or Valkey 7+, standalone, Sentinel or
+// Cluster.
 type Backend struct {
 	c           rueidis.Client
 	prefix      string
