@@ -15,6 +15,7 @@ import (
 
 	"github.com/llmgate/llmgate/budget"
 	budgetredis "github.com/llmgate/llmgate/budget/redis"
+	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/storeurl"
 	"github.com/llmgate/llmgate/internal/testutil"
 	"github.com/llmgate/llmgate/lock"
@@ -251,6 +252,16 @@ func run(t *testing.T, topo topology) {
 	ackMu.Lock()
 	ackedBefore := acked
 	ackMu.Unlock()
+	// The cache: one answer stored before the cut, one after.
+	cache := respcache.NewRedis(open(), "llmgate:cache:"+run+":")
+	cacheTag := func(k string) string { return cache.RedisKey(k) }
+	entry := &respcache.Entry{Status: 200, Body: []byte(`{"object":"chat.completion"}`)}
+	cachedBefore := topo.place(t, "before-", cacheTag)
+	if err := cache.Put(ctx, cachedBefore, entry, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	cachedAfter := topo.place(t, "after-", cacheTag)
+
 	// Names first: between the cut and the kill no time is to be lost (a
 	// replica paused for longer than the node timeout is reported failed).
 	probeKey := topo.place(t, "probe-"+run+"-", lockTag)
@@ -278,6 +289,10 @@ func run(t *testing.T, topo topology) {
 		_, err = bm.Settle(ctx, pres, budget.Record{Tenant: probeTenant, Model: "m", Usage: budget.Usage{PromptTokens: 1000}, Requests: 1})
 	}
 	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := cache.Put(ctx, cachedAfter, entry, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 
@@ -342,6 +357,20 @@ func run(t *testing.T, topo topology) {
 		t.Errorf("TryAcquire(probe): %v", err)
 	} else {
 		t.Logf("the lock acquired while the replicas were cut off survived")
+	}
+
+	// The cache: the answer stored before the cut is still served; the one
+	// stored after it is a miss (a second upstream call, never a wrong
+	// answer).
+	if _, ok, err := cache.Get(ctx, cachedBefore); err != nil || !ok {
+		t.Errorf("the answer cached before the cut: hit %v, %v; want a hit", ok, err)
+	}
+	if _, ok, err := cache.Get(ctx, cachedAfter); err != nil {
+		t.Errorf("Get: %v", err)
+	} else if !ok {
+		t.Logf("LOST: the answer cached while the replicas were cut off is a miss")
+	} else {
+		t.Logf("the answer cached while the replicas were cut off survived")
 	}
 
 	// Spend: what was acknowledged before the cut survived; what was
