@@ -57,11 +57,11 @@ var (
 	//go:embed usage.lua
 	usageSrc string
 
-	reserveScript = rueidis.NewLuaScript(commonSrc + reserveSrc)
-	settleScript  = rueidis.NewLuaScript(commonSrc + settleSrc)
-	releaseScript = rueidis.NewLuaScript(commonSrc + releaseSrc)
+	reserveScript = newScript(commonSrc + reserveSrc)
+	settleScript  = newScript(commonSrc + settleSrc)
+	releaseScript = newScript(commonSrc + releaseSrc)
 	totalsScript  = rueidis.NewLuaScript(commonSrc + totalsSrc)
-	renewScript   = rueidis.NewLuaScript(commonSrc + renewSrc)
+	renewScript   = newScript(commonSrc + renewSrc)
 	usageScript   = rueidis.NewLuaScript(commonSrc + usageSrc)
 )
 
@@ -72,12 +72,25 @@ const DefaultPrefix = "llmgate:budget:"
 type Config struct {
 	// Prefix starts every key. Default DefaultPrefix.
 	Prefix string
+	// AckReplicas, when positive, makes every write (reserve, settle,
+	// release, renew) wait until that many replicas acknowledge it (WAIT,
+	// sent with the script: no extra round trip), so that a failover to one
+	// of them keeps it. A write they do not acknowledge within AckTimeout
+	// fails with ErrNotReplicated: a reserve is then released and refused
+	// (fail closed), a settle can be retried (it is idempotent per ID).
+	// Default 0: replication stays asynchronous, and a failover can lose
+	// the last writes (docs/failover.md).
+	AckReplicas int
+	// AckTimeout bounds that wait. Default DefaultAckTimeout.
+	AckTimeout time.Duration
 }
 
 // Backend is a budget.Backend on Redis standalone, Sentinel or Cluster.
 type Backend struct {
-	c      rueidis.Client
-	prefix string
+	c           rueidis.Client
+	prefix      string
+	ackReplicas int
+	ackTimeout  time.Duration
 
 	mu      sync.Mutex              // protects settles
 	settles map[string]*settleQueue // by window (first key), while settles of it run
@@ -96,7 +109,10 @@ func New(c rueidis.Client, cfg Config) *Backend {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
-	return &Backend{c: c, prefix: cfg.Prefix, settles: map[string]*settleQueue{}}
+	if cfg.AckTimeout <= 0 {
+		cfg.AckTimeout = DefaultAckTimeout
+	}
+	return &Backend{c: c, prefix: cfg.Prefix, ackReplicas: cfg.AckReplicas, ackTimeout: cfg.AckTimeout, settles: map[string]*settleQueue{}}
 }
 
 // Keys returns the seven Redis keys of key's window, in the order the
@@ -126,9 +142,18 @@ func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budge
 		itoa(max(req.Remember.Milliseconds(), 1)),
 		rowField(req.Charge.Model, req.Charge.Deployment),
 	}
-	v, err := ints(reserveScript.Exec(ctx, b.c, b.Keys(req.Key), args), 5)
+	r, ackErr := b.write(ctx, reserveScript, b.Keys(req.Key), args)
+	v, err := ints(r, 5)
 	if err != nil {
 		return budget.ReserveResult{}, fmt.Errorf("budget: redis reserve: %w", err)
+	}
+	if ackErr != nil {
+		// Not kept by the replicas: undo it (best effort; unreplicated too,
+		// it dies with the master) and refuse.
+		if v[0] == 1 || v[0] == 2 {
+			_ = releaseScript.lua.Exec(context.WithoutCancel(ctx), b.c, b.Keys(req.Key), []string{req.ID}).Error()
+		}
+		return budget.ReserveResult{}, fmt.Errorf("budget: redis reserve: %w", ackErr)
 	}
 	res := budget.ReserveResult{
 		Spent:    budget.Amount{Tokens: v[1], MicroUSD: v[2]},
@@ -248,7 +273,11 @@ func (b *Backend) sendBatch(ctx context.Context, keys []string, batch []*settleC
 			itoa(max(rec.Requests, 1)),
 		)
 	}
-	v, err := ints(settleScript.Exec(ctx, b.c, keys, args), 3*len(batch))
+	r, ackErr := b.write(ctx, settleScript, keys, args)
+	v, err := ints(r, 3*len(batch))
+	if err == nil {
+		err = ackErr
+	}
 	for i, c := range batch {
 		if err != nil {
 			c.err = fmt.Errorf("budget: redis settle: %w", err)
@@ -261,7 +290,11 @@ func (b *Backend) sendBatch(ctx context.Context, keys []string, batch []*settleC
 
 // Release runs release.lua.
 func (b *Backend) Release(ctx context.Context, key budget.Key, id string) (bool, error) {
-	n, err := releaseScript.Exec(ctx, b.c, b.Keys(key), []string{id}).AsInt64()
+	r, ackErr := b.write(ctx, releaseScript, b.Keys(key), []string{id})
+	n, err := r.AsInt64()
+	if err == nil {
+		err = ackErr
+	}
 	if err != nil {
 		return false, fmt.Errorf("budget: redis release: %w", err)
 	}
@@ -282,7 +315,11 @@ func (b *Backend) Renew(ctx context.Context, req budget.RenewRequest) (bool, err
 		row,
 		itoa(req.Keep.UnixMilli()),
 	}
-	n, err := renewScript.Exec(ctx, b.c, b.Keys(req.Key), args).AsInt64()
+	r, ackErr := b.write(ctx, renewScript, b.Keys(req.Key), args)
+	n, err := r.AsInt64()
+	if err == nil {
+		err = ackErr
+	}
 	if err != nil {
 		return false, fmt.Errorf("budget: redis renew: %w", err)
 	}

@@ -25,21 +25,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceCluster runs the suite against a one-node Redis Cluster
-// holding every slot: the server refuses (CROSSSLOT) any script whose keys
-// are in different slots, so this proves the key layout is Cluster-safe.
-func TestConformanceCluster(t *testing.T) {
-	r := testutil.StartCluster(t)
-	ctx := t.Context()
-	// The server must refuse a cross-slot script, or this test proves nothing.
-	if line, _ := r.Do(ctx, "EVAL", "return 1", "2", "{a}x", "{b}x"); !strings.HasPrefix(line, "-CROSSSLOT") {
-		t.Fatalf("a cross-slot EVAL answered %q, want a CROSSSLOT error", line)
-	}
-	budgettest.Run(t, func(t *testing.T, _ clock.Clock) func() budget.Backend {
-		return func() budget.Backend { return redis.New(r.ClusterClient(t), redis.Config{}) }
-	})
-}
-
 var testBudget = budget.Budget{Tenant: "acme", Period: budget.Month, Tokens: 1_000_000, MicroUSD: 1_000_000}
 
 func newManager(t *testing.T, c rueidis.Client, mod ...func(*budget.Config)) *budget.Manager {

@@ -25,16 +25,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceCluster runs the suite on a one-node Redis Cluster, whose
-// server refuses any script touching keys of two slots: every flight's keys,
-// its lock's included, must share one hash tag.
-func TestConformanceCluster(t *testing.T) {
-	r := testutil.StartCluster(t)
-	deduptest.Run(t, func(t *testing.T) dedup.Backend {
-		return redis.New(r.ClusterClient(t), redis.Config{})
-	})
-}
-
 func newKey(t *testing.T) string {
 	return "redistest/" + strings.ReplaceAll(t.Name(), "/", ".") + "/" + lock.NewToken()[:8]
 }

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -49,7 +52,9 @@ func Redact(s string) string {
 
 // RedisOption parses a redis://, rediss:// or unix:// URL into client
 // options (see rueidis.ParseURL for the query parameters it accepts, and
-// DefaultConnections for ?connections=N).
+// DefaultConnections for ?connections=N). Several comma-separated hosts,
+// or addr= parameters, are seeds: the nodes of a Cluster, or with
+// ?master_set=NAME the sentinels that name the master.
 func RedisOption(s string) (rueidis.ClientOption, error) {
 	if IsMemory(s) {
 		return rueidis.ClientOption{}, ErrMemory
@@ -57,16 +62,83 @@ func RedisOption(s string) (rueidis.ClientOption, error) {
 	if s == "" {
 		return rueidis.ClientOption{}, fmt.Errorf("%w: empty; want redis://host:port[/db]", ErrBadURL)
 	}
-	opt, err := rueidis.ParseURL(s)
+	expanded, err := expandHosts(s)
+	if err != nil {
+		return rueidis.ClientOption{}, err
+	}
+	opt, err := rueidis.ParseURL(expanded)
 	if err != nil {
 		// rueidis's message may quote the URL; do not pass it on.
-		return rueidis.ClientOption{}, fmt.Errorf("%w %q: want redis://[user:password@]host:port[/db], rediss://... or unix:///path", ErrBadURL, Redact(s))
+		return rueidis.ClientOption{}, fmt.Errorf("%w %q: want redis://[user:password@]host:port[,host:port...][/db][?master_set=NAME], rediss://... or unix:///path", ErrBadURL, Redact(s))
 	}
 	opt.DisableCache = true // the lock and limiter never read through a client-side cache
+	if opt.Sentinel.MasterSet != "" {
+		// The addresses are the sentinels'. rueidis dials them with the
+		// Sentinel options only: give them the same dial timeout and TLS.
+		// The URL's user and password are the master's and replicas'; the
+		// sentinels are reached without AUTH.
+		opt.Sentinel.Dialer = opt.Dialer
+		if opt.TLSConfig != nil {
+			opt.Sentinel.TLSConfig = opt.TLSConfig.Clone()
+		}
+		// Without it the client follows a failover only through the
+		// +switch-master event; one missed event would leave it on a
+		// demoted master (rueidis's SentinelOption doc).
+		opt.Sentinel.TopologyRefreshInterval = SentinelRefresh
+	}
 	if opt.PipelineMultiplex, err = pipelineMultiplex(s); err != nil {
 		return rueidis.ClientOption{}, err
 	}
 	return opt, nil
+}
+
+// SentinelRefresh is how often a client of a Sentinel URL asks the
+// sentinels which node is master, besides listening for their failover
+// events.
+const SentinelRefresh = 2 * time.Second
+
+// expandHosts rewrites redis://h1:p1,h2:p2,.../... as
+// redis://h1:p1/...?addr=h2:p2&addr=..., the form rueidis.ParseURL reads
+// (it takes one host; more seeds, Cluster nodes or sentinels, come as
+// addr= parameters). Every extra seed needs its port: rueidis would dial a
+// port-less addr= on the first host's name.
+func expandHosts(s string) (string, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return s, nil // rueidis.ParseURL reports what is wrong
+	}
+	q := u.Query()
+	hosts := strings.Split(u.Host, ",")
+	if len(hosts) == 1 && !q.Has("addr") {
+		return s, nil
+	}
+	for i, h := range append(slices.Clone(hosts), q["addr"]...) {
+		if i == 0 && len(hosts) == 1 {
+			continue // the one host: rueidis's defaults apply
+		}
+		if err := checkHostPort(h); err != nil {
+			return "", fmt.Errorf("%w %q: %w", ErrBadURL, Redact(s), err)
+		}
+	}
+	if len(hosts) == 1 {
+		return s, nil
+	}
+	q["addr"] = append(hosts[1:], q["addr"]...)
+	u.Host = hosts[0]
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// checkHostPort accepts host:port with a port from 1 to 65535.
+func checkHostPort(h string) error {
+	host, port, err := net.SplitHostPort(h)
+	if err != nil || host == "" {
+		return fmt.Errorf("seed %q is not host:port", h)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("seed %q has a bad port", h)
+	}
+	return nil
 }
 
 // DefaultConnections is how many connections a client pipelines its

@@ -136,7 +136,8 @@ func TestOpenRedisUnreachableNeverShowsThePassword(t *testing.T) {
 // FuzzRedact: whatever the input, a password or user part that url.Parse
 // finds never appears in the redacted text, and nothing panics.
 func FuzzRedact(f *testing.F) {
-	for _, s := range []string{"redis://:s3cret@h:1", "redis://u:p@h", "rediss://tok@h/0", "x@y", "redis://h", "%zz@", ""} {
+	for _, s := range []string{"redis://:s3cret@h:1", "redis://u:p@h", "rediss://tok@h/0", "x@y", "redis://h", "%zz@", "",
+		"redis://:s3cret@h1:1,h2:2?master_set=m", "redis://u:p4ss@h1,h2/0?addr=h3"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -24,6 +24,7 @@ type Redis struct {
 	Addr string // host:port
 	Port int
 	dir  string
+	conf string   // config file given before every argument, or "" (sentinels need one)
 	args []string // extra redis-server arguments, after the defaults
 
 	mu     sync.Mutex // protects cmd and exited
@@ -80,7 +81,10 @@ func NewRedis(dir string) (*Redis, error) { return NewRedisArgs(dir) }
 
 // NewRedisArgs is NewRedis with extra redis-server arguments (see
 // StartRedisArgs); every Start and Restart uses them.
-func NewRedisArgs(dir string, args ...string) (*Redis, error) {
+func NewRedisArgs(dir string, args ...string) (*Redis, error) { return newRedis(dir, "", args...) }
+
+// newRedis is NewRedisArgs with a config file (or "").
+func newRedis(dir, conf string, args ...string) (*Redis, error) {
 	// A free port can be taken by another process before the server binds
 	// it (test packages run in parallel): then try another.
 	for attempt := 1; ; attempt++ {
@@ -88,7 +92,7 @@ func NewRedisArgs(dir string, args ...string) (*Redis, error) {
 		if err != nil {
 			return nil, err
 		}
-		r := &Redis{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, args: args}
+		r := &Redis{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, conf: conf, args: args}
 		err = r.Start()
 		if err == nil {
 			return r, nil
@@ -113,6 +117,9 @@ func (r *Redis) Start() error {
 		"--save", "", "--appendonly", "no", "--dir", r.dir,
 		"--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
 		"--logfile", filepath.Join(r.dir, "redis.log"),
+	}
+	if r.conf != "" {
+		args = append([]string{r.conf}, args...)
 	}
 	cmd := exec.Command(bin, append(args, r.args...)...)
 	if err := cmd.Start(); err != nil {

@@ -63,9 +63,9 @@ var (
 	//go:embed extend.lua
 	extendSrc string
 
-	acquireScript = rueidis.NewLuaScript(fenceSrc + acquireSrc)
-	releaseScript = rueidis.NewLuaScript(fenceSrc + releaseSrc)
-	extendScript  = rueidis.NewLuaScript(fenceSrc + extendSrc)
+	acquireScript = newScript(fenceSrc + acquireSrc)
+	releaseScript = newScript(fenceSrc + releaseSrc)
+	extendScript  = newScript(fenceSrc + extendSrc)
 )
 
 // DefaultPrefix starts every key this backend writes.
@@ -75,14 +75,28 @@ const DefaultPrefix = "llmgate:lock:"
 type Config struct {
 	// Prefix starts every key. Default DefaultPrefix.
 	Prefix string
+	// AckReplicas, when positive, makes every acquisition and extension
+	// wait until that many replicas acknowledge it (WAIT, sent with the
+	// script: no extra round trip), so that a failover to one of them keeps
+	// the lock. One they do not acknowledge within AckTimeout fails with
+	// ErrNotReplicated and is undone (fail closed): TryAcquire and Extend
+	// return it, Acquire retries until its context ends. A lock handed over
+	// by a release is confirmed by an acknowledged extension before Acquire
+	// returns it. Default 0: replication stays asynchronous, and a failover
+	// can lose a lock just taken (docs/failover.md).
+	AckReplicas int
+	// AckTimeout bounds that wait. Default DefaultAckTimeout.
+	AckTimeout time.Duration
 }
 
-// Backend is a lock.Backend on Redis or Valkey 7+, standalone or Cluster
-// (Sentinel through rueidis, not tested yet).
+// Backend is a lock.Backend on Redis or Valkey 7+, standalone, Sentinel or
+// Cluster.
 type Backend struct {
-	c       rueidis.Client
-	prefix  string
-	channel string // this Backend's wake-up channel suffix (random)
+	c           rueidis.Client
+	prefix      string
+	channel     string // this Backend's wake-up channel suffix (random)
+	ackReplicas int
+	ackTimeout  time.Duration
 
 	mu      sync.Mutex // protects gates, waiters
 	gates   map[string]*gate
@@ -105,14 +119,19 @@ func New(c rueidis.Client, cfg Config) *Backend {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
+	if cfg.AckTimeout <= 0 {
+		cfg.AckTimeout = DefaultAckTimeout
+	}
 	return &Backend{
-		c:         c,
-		prefix:    cfg.Prefix,
-		channel:   lock.NewToken(),
-		gates:     make(map[string]*gate),
-		waiters:   make(map[string]chan string),
-		subReady:  make(chan struct{}),
-		subFailed: make(chan struct{}),
+		c:           c,
+		prefix:      cfg.Prefix,
+		ackReplicas: cfg.AckReplicas,
+		ackTimeout:  cfg.AckTimeout,
+		channel:     lock.NewToken(),
+		gates:       make(map[string]*gate),
+		waiters:     make(map[string]chan string),
+		subReady:    make(chan struct{}),
+		subFailed:   make(chan struct{}),
 	}
 }
 
@@ -228,9 +247,16 @@ func (b *Backend) runAcquire(ctx context.Context, key, token, entry string, ttl 
 		mayBeQueued = "1"
 	}
 	args := []string{token, strconv.FormatInt(ttl.Milliseconds(), 10), waiterLease, entry, mayBeQueued}
-	vals, err := acquireScript.Exec(callCtx(ctx), b.c, []string{b.Key(key)}, args).ToArray()
+	res, ackErr := b.write(callCtx(ctx), acquireScript, []string{b.Key(key)}, args)
+	vals, err := res.ToArray()
 	if err != nil {
 		return reply{}, fmt.Errorf("lock: redis acquire %q: %w", key, callErr(ctx, err))
+	}
+	if ackErr != nil {
+		// Whatever it did (taken, queued) may not survive a failover: undo
+		// it, best effort (unreplicated, it dies with the master anyway).
+		b.abandon(ctx, key, token, entry)
+		return reply{}, fmt.Errorf("lock: redis acquire %q: %w", key, ackErr)
 	}
 	var r reply
 	if len(vals) < 3 {
@@ -287,7 +313,8 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 			return lock.Grant{}, err
 		}
 		if passed != nil {
-			return *passed, nil // a goroutine of this process passed it to us
+			// A goroutine of this process passed it to us.
+			return b.confirm(ctx, key, token, "", opts.TTL, *passed, nil)
 		}
 		defer leave()
 	}
@@ -369,7 +396,8 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 		case stHanded:
 			// Granted while we slept (the wake-up was lost or is in flight),
 			// or taken by an attempt whose reply was lost.
-			return parseGrant(r.grant, start, r.nowUS, opts.TTL)
+			g, err := parseGrant(r.grant, start, r.nowUS, opts.TTL)
+			return b.confirm(ctx, key, token, entry, opts.TTL, g, err)
 		}
 		queued = true
 		sent, serverUS = start, r.nowUS
@@ -385,13 +413,32 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 		}
 		select {
 		case g := <-wake:
-			return parseGrant(g, sent, serverUS, opts.TTL)
+			grant, err := parseGrant(g, sent, serverUS, opts.TTL)
+			return b.confirm(ctx, key, token, entry, opts.TTL, grant, err)
 		case <-timer.C:
 			// Renew our place, or take a lock whose holder died.
 		case <-ctx.Done():
 			return fail(ctx.Err())
 		}
 	}
+}
+
+// confirm, with AckReplicas, makes sure a lock handed over by a release is
+// on the replicas before Acquire returns it: the release that wrote the
+// hand-off ran on another connection, which this one's WAIT cannot see,
+// so an acknowledged extension by the new owner stands for it (replicas
+// apply writes in order). It extends to the full ttl at once, so the
+// grant needs no top-up. Not acknowledged, the lock is given up.
+func (b *Backend) confirm(ctx context.Context, key, token, entry string, ttl time.Duration, g lock.Grant, err error) (lock.Grant, error) {
+	if err != nil || b.ackReplicas <= 0 {
+		return g, err
+	}
+	until, err := b.Extend(ctx, key, token, ttl)
+	if err != nil {
+		b.abandon(ctx, key, token, entry)
+		return lock.Grant{}, errors.Join(lock.ErrNotObtained, err, ctx.Err())
+	}
+	return lock.Grant{Fence: g.Fence, ValidUntil: until, TTL: ttl}, nil
 }
 
 // abandon takes a waiter that gives up out of the queue; if the lock was
@@ -473,7 +520,7 @@ func (b *Backend) runRelease(ctx context.Context, key, token, entry string, pass
 		args[4] = strconv.FormatInt(pass.ttl.Milliseconds(), 10)
 		args[5] = strconv.FormatInt(passLimit.Microseconds(), 10)
 	}
-	vals, err := releaseScript.Exec(callCtx(ctx), b.c, []string{b.Key(key)}, args).ToArray()
+	vals, err := releaseScript.lua.Exec(callCtx(ctx), b.c, []string{b.Key(key)}, args).ToArray()
 	if err != nil {
 		return releaseReply{}, fmt.Errorf("lock: redis release %q: %w", key, callErr(ctx, err))
 	}
@@ -507,12 +554,18 @@ func (b *Backend) release(ctx context.Context, key, token, entry string) error {
 // Extend resets token's lease on key to ttl from now.
 func (b *Backend) Extend(ctx context.Context, key, token string, ttl time.Duration) (time.Time, error) {
 	start := time.Now()
-	n, err := extendScript.Exec(callCtx(ctx), b.c, []string{b.Key(key)}, []string{token, strconv.FormatInt(ttl.Milliseconds(), 10)}).AsInt64()
+	res, ackErr := b.write(callCtx(ctx), extendScript, []string{b.Key(key)}, []string{token, strconv.FormatInt(ttl.Milliseconds(), 10)})
+	n, err := res.AsInt64()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("lock: redis extend %q: %w", key, callErr(ctx, err))
 	}
 	if n == 0 {
 		return time.Time{}, lock.ErrNotHeld
+	}
+	if ackErr != nil {
+		// Still held on the master, maybe not on its replicas: the caller
+		// must not count on the new validity.
+		return time.Time{}, fmt.Errorf("lock: redis extend %q: %w", key, ackErr)
 	}
 	return lock.SafeValidity(start, ttl), nil
 }

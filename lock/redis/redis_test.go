@@ -898,16 +898,6 @@ func TestBusyProcessCannotStarveOthers(t *testing.T) {
 	}
 }
 
-// TestConformanceCluster runs the conformance suite on a one-node Redis
-// Cluster, whose server refuses any script touching keys of two slots: the
-// key layout and the wake-up subscription must work on Cluster clients.
-func TestConformanceCluster(t *testing.T) {
-	r := testutil.StartCluster(t)
-	locktest.Run(t, func(t *testing.T) lock.Backend {
-		return redis.New(r.ClusterClient(t), redis.Config{})
-	})
-}
-
 // TestAcquireWithoutPubSubPermission: on a server whose ACL forbids Pub/Sub
 // a blocking Acquire cannot be woken; it must say so at once, not hang until
 // its deadline. TryAcquire needs no subscription and still works.

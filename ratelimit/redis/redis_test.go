@@ -53,16 +53,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceCluster runs the suite on a one-node Redis Cluster, whose
-// server refuses any script touching keys of two slots.
-func TestConformanceCluster(t *testing.T) {
-	r := testutil.StartCluster(t)
-	ratelimittest.Run(t, func(t *testing.T) ratelimit.Backend {
-		c := r.ClusterClient(t)
-		return inspected{Backend: redis.New(c, redis.Config{}), c: c}
-	})
-}
-
 // ---------------------------------------------------------------------------
 // Helpers
 
