@@ -41,6 +41,8 @@ type Gateway struct {
 	workers workers
 	// usage batches the usage records of tenants without a budget cap.
 	usage usageBatch
+	// tenants are the tenants in force (SetTenants).
+	tenants atomic.Pointer[tenantIndex]
 	// lastWindow caches a budget window (see window).
 	lastWindow atomic.Pointer[lastWindow]
 	// draining is set by Drain: /readyz then fails.
@@ -84,6 +86,7 @@ func New(opt Options) (*Gateway, error) {
 		byName:   make(map[string]*deployment),
 	}
 	g.base, g.cut = context.WithCancelCause(context.Background())
+	g.SetTenants(opt.Tenants)
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
@@ -160,6 +163,10 @@ func (g *Gateway) routes() {
 	mux.Handle("GET /metrics", g.metricsHandler())
 	mux.HandleFunc("GET /admin/usage", g.admin(g.serveAdminUsage))
 	mux.HandleFunc("GET /admin/deployments", g.admin(g.serveAdminDeployments))
+	if h := g.opt.TenantAdmin; h != nil {
+		mux.HandleFunc("/admin/tenants", g.admin(h.ServeHTTP))
+		mux.HandleFunc("/admin/tenants/", g.admin(h.ServeHTTP))
+	}
 	mux.HandleFunc("/", g.serveNotFound)
 	g.mux = mux
 }

@@ -109,6 +109,7 @@ type Options struct {
 	Models []Model
 	// Tenants maps the lowercase hex SHA-256 of an API key to its tenant.
 	// Empty means open access: every request runs as tenant "anonymous".
+	// These are the tenants at the start; SetTenants replaces them.
 	Tenants map[string]*Tenant
 
 	Limiter  *ratelimit.Limiter
@@ -122,6 +123,10 @@ type Options struct {
 	Sessions  SessionOptions
 	Dedup     DedupOptions
 	Cache     CacheOptions
+
+	// TenantAdmin serves /admin/tenants (behind the admin token); nil
+	// leaves it out. SetTenants changes the tenants in force.
+	TenantAdmin http.Handler
 
 	// AdminTokenSHA256 is the hex SHA-256 of the admin API token; empty
 	// disables /admin/.
