@@ -80,6 +80,7 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger, secrets []string
 		return nil, err
 	}
 	opt.Logger, opt.Registry, opt.Secrets = log, s.registry, secrets
+	opt.AccessLog = cfg.Log.AccessOn()
 	set, adm := a.tenantRegistry(cfg, st, opt.Tenants, opt.AdminTokenSHA256, log)
 	opt.TenantAdmin = adm.Handler()
 	if gw, err = gateway.New(opt); err != nil {

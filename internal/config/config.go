@@ -222,7 +222,13 @@ type Log struct {
 	Level string `yaml:"level"`
 	// Format is text (default) or json.
 	Format string `yaml:"format"`
+	// Access logs one line per request at info (tenant, model,
+	// deployment, status, tokens, cost, waits). Default true.
+	Access *bool `yaml:"access"`
 }
+
+// AccessOn reports whether requests are logged one line each.
+func (l Log) AccessOn() bool { return l.Access == nil || *l.Access }
 
 // SlogLevel returns Level as a slog.Level (info for an unknown level;
 // Validate rejects those).

@@ -62,6 +62,7 @@ func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservatio
 		g.estimateCompletion(c)
 		return budget.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.completionEstimate}
 	}, c.maxWait)
+	c.access.budgetWait = time.Since(start)
 	if c.maxWait > 0 {
 		c.maxWait = max(c.maxWait-time.Since(start), 0)
 	}
@@ -179,6 +180,7 @@ func (g *Gateway) wait(ctx context.Context, c *call, dep *deployment, req rateli
 	start := time.Now()
 	d, err := g.opt.Limiter.Wait(ctx, req)
 	waited := time.Since(start)
+	c.access.admissionWait += waited
 	g.metrics.admissionWait.Observe(waited.Seconds())
 	if err == nil {
 		dep.learn(d.Limits)

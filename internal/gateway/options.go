@@ -141,6 +141,8 @@ type Options struct {
 	Secrets []string
 
 	Logger *slog.Logger
+	// AccessLog logs one line per request at info (accesslog.go).
+	AccessLog bool
 	// Registry receives the gateway's Prometheus metrics; nil means a new
 	// registry, served on /metrics.
 	Registry *prometheus.Registry

@@ -86,6 +86,8 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 		g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body))
 		return
 	}
+	usage := answerUsage(c, resp.StatusCode, body)
+	g.usageHeaders(h, c, adm.dep.Model, usage)
 	body = g.redact.Bytes(body) // error messages quote keys back
 	h["Content-Length"] = []string{itoa(int64(len(body)))}
 	w.WriteHeader(resp.StatusCode)
@@ -98,7 +100,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	} else {
 		c.outcome = "upstream_" + statusClass(resp.StatusCode)
 	}
-	g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body))
+	g.finish(c, adm, res, usage)
 }
 
 // answerUsage is what a non-streamed answer with status used: its usage,

@@ -18,6 +18,9 @@ import (
 // is batched), the rest in the background; Close waits for it.
 func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *openai.Usage) {
 	if usage != nil {
+		if c.access.usage == nil {
+			g.used(c, adm.dep.Model, usage)
+		}
 		g.metrics.tokensUsed(c.tenant.Name, adm.dep.Model, adm.dep.Name, usage.PromptTokens, usage.CompletionTokens)
 		g.learnCompletion(c, usage)
 	}
