@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/llmgate/llmgate/internal/config"
 	"github.com/llmgate/llmgate/internal/gateway"
 	"github.com/llmgate/llmgate/internal/tenants"
@@ -22,6 +24,9 @@ type tenantSet struct {
 	log      *slog.Logger
 	adminSHA string // the admin token's hash: no tenant key may equal it
 	watcher  *tenants.Watcher
+	// roundTrip and version are the registry's metrics (registerMetrics).
+	roundTrip *prometheus.HistogramVec
+	version   prometheus.Gauge
 
 	mu   sync.Mutex                 // protects what follows
 	cfg  *config.Config             // the configuration in force (API tenants are checked against it)
@@ -43,7 +48,41 @@ func (s *tenantSet) setSnapshot(snap tenants.Snapshot) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.snap = snap
+	if s.version != nil {
+		s.version.Set(float64(snap.Version))
+	}
 	s.publishLocked()
+}
+
+// registerMetrics adds the registry's series to reg: the store round trip
+// of its polls, and the version in force.
+func (s *tenantSet) registerMetrics(reg prometheus.Registerer) error {
+	s.roundTrip = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "llmgate_store_roundtrip_seconds",
+		Help:    "Round trip of the tenant registry's version poll (one GET every 250ms), by result (ok, error): the store's latency as requests see it.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+	}, []string{"result"})
+	s.version = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "llmgate_tenant_registry_version",
+		Help: "Version of the tenant registry in force on this replica (grows with every admin change; equal on every replica once they all caught up).",
+	})
+	for _, c := range []prometheus.Collector{s.roundTrip, s.version} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *tenantSet) observe(d time.Duration, err error) {
+	if s.roundTrip == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	s.roundTrip.WithLabelValues(result).Observe(d.Seconds())
 }
 
 // attach hands the tenants to gw, now and on every change.
@@ -193,6 +232,7 @@ func (a *App) tenantRegistry(cfg *config.Config, st *stores, file map[string]*ga
 	set := &tenantSet{log: log, adminSHA: adminSHA, cfg: cfg, file: file}
 	reg := tenants.NewRegistry(st.tenants, nil)
 	set.watcher = tenants.NewWatcher(reg, 0, log, set.setSnapshot)
+	set.watcher.Observe = set.observe
 	adm := &tenants.Admin{
 		Registry: reg, Check: set.check, FileTenant: set.fileTenant, FileKey: set.fileKey,
 		Changed: set.watcher.Poke, Log: log,

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmgate/llmgate/budget"
 	budgetmemory "github.com/llmgate/llmgate/budget/memory"
@@ -82,6 +83,14 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger, secrets []string
 	opt.Logger, opt.Registry, opt.Secrets = log, s.registry, secrets
 	opt.AccessLog = cfg.Log.AccessOn()
 	set, adm := a.tenantRegistry(cfg, st, opt.Tenants, opt.AdminTokenSHA256, log)
+	if err := set.registerMetrics(s.registry); err != nil {
+		return nil, err
+	}
+	// The Go runtime's and the process's own series (memory, GC,
+	// goroutines, CPU, open files).
+	if err := registerRuntime(s.registry); err != nil {
+		return nil, err
+	}
 	opt.TenantAdmin = adm.Handler()
 	if gw, err = gateway.New(opt); err != nil {
 		return nil, err
@@ -321,6 +330,19 @@ func (a *App) gatewayOptions(cfg *config.Config, st *stores, up *provider.Client
 		opt.MetricsTokenSHA256 = tokenHash(a.Getenv(cfg.MetricsTokenEnv))
 	}
 	return opt, nil
+}
+
+// registerRuntime adds the Go runtime and process collectors to reg.
+func registerRuntime(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // set is the set of names, or nil when there are none.

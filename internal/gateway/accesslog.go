@@ -16,6 +16,8 @@ import (
 // request's goroutine).
 type accessInfo struct {
 	budgetWait, admissionWait, sessionWait time.Duration
+	// upstreamStart is when the upstream call started (metrics).
+	upstreamStart time.Time
 	// usage is what the upstream call used (nil: none, or unknown);
 	// microUSD its price, known when priced.
 	usage    *openai.Usage

@@ -178,8 +178,10 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 func (g *Gateway) wait(ctx context.Context, c *call, dep *deployment, req ratelimit.Request) (admitted, *apiError) {
 	req.MaxWait = c.maxWait
 	start := time.Now()
+	done := g.ops.queued(dep.Name)
 	d, err := g.opt.Limiter.Wait(ctx, req)
 	waited := time.Since(start)
+	done(waited)
 	c.access.admissionWait += waited
 	g.metrics.admissionWait.Observe(waited.Seconds())
 	if err == nil {

@@ -24,6 +24,7 @@ type Gateway struct {
 	log      *slog.Logger
 	mux      *http.ServeMux
 	metrics  *metrics
+	ops      *opsMetrics
 	registry *prometheus.Registry
 	redact   *redact.Redactor // the secrets kept from clients
 	// byTarget maps "provider/model" to its deployments (one per key).
@@ -92,6 +93,12 @@ func New(opt Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.metrics = m
+	if g.ops, err = newOpsMetrics(reg); err != nil {
+		return nil, err
+	}
+	if err := reg.Register(newOpsCollector(g)); err != nil {
+		return nil, err
+	}
 	if err := reg.Register(newAdmissionCollector(opt.Limiter)); err != nil {
 		return nil, err
 	}

@@ -45,6 +45,7 @@ func (g *Gateway) copyResponseHeader(dst, src http.Header) {
 // relay sends the provider's answer to the client and settles the usage.
 func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm admitted, res budget.Reservation, resp *http.Response) {
 	defer resp.Body.Close()
+	defer g.ops.upstreamDone(adm.dep.Name, c.access.upstreamStart)
 	h := w.Header()
 	g.copyResponseHeader(h, resp.Header)
 	setRateHeaders(h, adm.decision.Limits)
@@ -52,6 +53,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	g.metrics.upstreamAnswer(adm.dep.Name, resp.StatusCode)
 
 	if resp.StatusCode == http.StatusOK && c.req.Stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		resp.Body = g.ops.firstToken(resp.Body, adm.dep.Name, c.access.upstreamStart)
 		g.relayStream(ctx, w, c, adm, res, resp)
 		return
 	}

@@ -78,6 +78,7 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			// a later one has overtaken.
 			preq.BeforeAttempt = func() error { return confirmSession(ctx, c.lease) }
 		}
+		c.access.upstreamStart = time.Now()
 		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, preq)
 		last := len(cands) == 1
 		if err != nil {

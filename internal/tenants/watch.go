@@ -19,6 +19,9 @@ type Watcher struct {
 	log   *slog.Logger
 	apply func(Snapshot)
 	poke  chan struct{}
+	// Observe, if set before the first Sync, is told the round trip of
+	// each version poll (a steady sample of the store's latency).
+	Observe func(d time.Duration, err error)
 	// Only the goroutine running Sync (Run's, or the caller's before Run)
 	// touches these.
 	ver    int64
@@ -55,7 +58,11 @@ func (w *Watcher) Sync(ctx context.Context) error {
 }
 
 func (w *Watcher) sync(ctx context.Context) error {
+	start := time.Now()
 	v, err := w.reg.store.Version(ctx)
+	if w.Observe != nil {
+		w.Observe(time.Since(start), err)
+	}
 	if err != nil {
 		return err
 	}
