@@ -18,8 +18,8 @@ const storePingTimeout = time.Second
 // requests were admitted without a check because it failed.
 type storeCollector struct {
 	pingStore func(context.Context) error
-	limiter *ratelimit.Limiter
-	budgets *budget.Manager
+	limiter   *ratelimit.Limiter
+	budgets   *budget.Manager
 
 	up, ping, errors, failedOpen, failedClosed *prometheus.Desc
 }
