@@ -82,6 +82,12 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger, secrets []string
 	}
 	opt.Logger, opt.Registry, opt.Secrets = log, s.registry, secrets
 	opt.AccessLog = cfg.Log.AccessOn()
+	tracer, stopTracer, err := newTracer(cfg.Tracing, log)
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, stopTracer) // after the gateway's: its last spans are flushed
+	opt.Tracer = tracer
 	set, adm := a.tenantRegistry(cfg, st, opt.Tenants, opt.AdminTokenSHA256, log)
 	if err := set.registerMetrics(s.registry); err != nil {
 		return nil, err

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/internal/openai"
 )
@@ -18,6 +20,10 @@ type accessInfo struct {
 	budgetWait, admissionWait, sessionWait time.Duration
 	// upstreamStart is when the upstream call started (metrics).
 	upstreamStart time.Time
+	// span is the request's trace span (nil when tracing is off), tctx
+	// its context (tracing.go).
+	span trace.Span
+	tctx context.Context
 	// usage is what the upstream call used (nil: none, or unknown);
 	// microUSD its price, known when priced.
 	usage    *openai.Usage
@@ -113,5 +119,10 @@ func (g *Gateway) accessLog(ctx context.Context, c *call, ep openai.Endpoint, mo
 	attrs = append(attrs,
 		slog.Float64("budget_wait_ms", ms(c.access.budgetWait)),
 		slog.Float64("admission_wait_ms", ms(c.access.admissionWait)))
+	if c.access.span != nil {
+		if sc := c.access.span.SpanContext(); sc.IsValid() {
+			attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))
+		}
+	}
 	g.log.LogAttrs(ctx, slog.LevelInfo, "access", attrs...)
 }

@@ -61,6 +61,7 @@ func TestAccessLogAndUsageHeaders(t *testing.T) {
 	resp = h.post("/v1/chat/completions", "sk-not-a-key", `{"model":"gpt-4.1","messages":[{"role":"user","content":"x"}]}`)
 	resp.Body.Close()
 
+	waitIdle(t, h.gw) // the line is written once the handler ends, after the answer
 	lines := accessLines(h.logs.String())
 	if len(lines) != 2 {
 		t.Fatalf("%d access lines, want 2:\n%s", len(lines), h.logs.String())
@@ -84,6 +85,7 @@ func TestAccessLogOff(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Llmgate-Prompt-Tokens") == "" {
 		t.Fatalf("%d, headers %v", resp.StatusCode, resp.Header)
 	}
+	waitIdle(t, h.gw)
 	if n := len(accessLines(h.logs.String())); n != 0 {
 		t.Fatalf("%d access lines with AccessLog off", n)
 	}

@@ -57,6 +57,8 @@ func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservatio
 	// A request that does not fit while others are in flight waits for
 	// them to settle (usually below their estimates), within its max wait;
 	// the rate limits get what is left of it.
+	_, end := g.stage(ctx, c, "budget.wait")
+	defer end()
 	start := time.Now()
 	res, err := g.opt.Budgets.ReserveWaitFunc(ctx, b, c.usageID(), c.priceModel(), func() budget.Usage {
 		g.estimateCompletion(c)
@@ -143,6 +145,8 @@ func (g *Gateway) chargesFor(c *call, dep *deployment) []ratelimit.Charge {
 // (most headroom first) without waiting; if none has room it waits, in the
 // fair queue of the one that will have room soonest, up to c.maxWait.
 func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admitted, *apiError) {
+	ctx, end := g.stage(ctx, c, "admission.wait")
+	defer end()
 	var (
 		best     admitted
 		bestWait = time.Duration(-1)

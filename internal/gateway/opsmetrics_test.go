@@ -74,6 +74,7 @@ func TestOpsMetrics(t *testing.T) {
 			t.Fatalf("%d for %s", resp.StatusCode, body)
 		}
 	}
+	waitIdle(t, h.gw) // relays observe their latency as they end, after the answer
 	fams := gathered(t, h.gw)
 	if m := series(fams, "llmgate_upstream_duration_seconds", map[string]string{"deployment": dep}); m == nil || m.GetHistogram().GetSampleCount() != 2 {
 		t.Errorf("upstream duration of %s: %v, want 2 samples", dep, m)

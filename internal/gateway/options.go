@@ -13,6 +13,7 @@ import (
 	"github.com/llmgate/llmgate/lock"
 	"github.com/llmgate/llmgate/ratelimit"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Limits is a quota; 0 means no limit of that kind.
@@ -143,6 +144,10 @@ type Options struct {
 	Logger *slog.Logger
 	// AccessLog logs one line per request at info (accesslog.go).
 	AccessLog bool
+	// Tracer, when set, traces every request: a span per request (a child
+	// of the client's W3C traceparent) and per stage, the upstream call's
+	// context sent to the provider as traceparent. Nil: off.
+	Tracer trace.Tracer
 	// Registry receives the gateway's Prometheus metrics; nil means a new
 	// registry, served on /metrics.
 	Registry *prometheus.Registry

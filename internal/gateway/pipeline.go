@@ -107,8 +107,10 @@ func (g *Gateway) serve(rw http.ResponseWriter, r *http.Request, ep openai.Endpo
 	ctx := r.Context()
 	ctx, cancel := context.WithTimeout(ctx, g.opt.HTTP.RequestTimeout)
 	defer cancel()
+	ctx = g.traceRequest(ctx, r, c, ep)
 
 	cache, fl, aerr := g.prepare(w, r, ep, c)
+	g.stageSince(c, "prepare", c.start)
 	if aerr != nil {
 		aerr.Write(w)
 		return
@@ -186,6 +188,7 @@ func (g *Gateway) record(r *http.Request, c *call, ep openai.Endpoint, cw *clien
 	}
 	g.metrics.observeRequest(c, ep, model)
 	g.accessLog(r.Context(), c, ep, model, cw.status, cw.Header())
+	c.endRequestSpan(model, cw.status, cw.Header().Get("X-Llmgate-Deployment"))
 	if g.log.Enabled(r.Context(), slog.LevelDebug) {
 		tenant := ""
 		if c.tenant != nil {

@@ -46,6 +46,8 @@ func (g *Gateway) copyResponseHeader(dst, src http.Header) {
 func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm admitted, res budget.Reservation, resp *http.Response) {
 	defer resp.Body.Close()
 	defer g.ops.upstreamDone(adm.dep.Name, c.access.upstreamStart)
+	_, endRelay := g.stage(ctx, c, "relay")
+	defer endRelay()
 	h := w.Header()
 	g.copyResponseHeader(h, resp.Header)
 	setRateHeaders(h, adm.decision.Limits)

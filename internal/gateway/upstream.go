@@ -79,7 +79,9 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			preq.BeforeAttempt = func() error { return confirmSession(ctx, c.lease) }
 		}
 		c.access.upstreamStart = time.Now()
+		endUpstream := g.traceUpstream(ctx, c, adm.dep.Name, preq.Header)
 		resp, _, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, preq)
+		endUpstream(err)
 		last := len(cands) == 1
 		if err != nil {
 			kept.stop()
@@ -200,7 +202,7 @@ func (g *Gateway) upstreamBody(c *call, model string) ([]byte, error) {
 
 // forwardHeaders are the client headers passed to the provider; the rest
 // (the client's key above all) stay here.
-var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta"}
+var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta", "Traceparent", "Tracestate"}
 
 func upstreamHeader(r *http.Request, c *call) http.Header {
 	h := make(http.Header, len(forwardHeaders)+4) // room for the provider's key and the target's headers
