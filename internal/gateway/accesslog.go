@@ -49,10 +49,13 @@ func (g *Gateway) usageHeaders(h http.Header, c *call, model string, usage *open
 		return
 	}
 	g.used(c, model, usage)
-	h["X-Llmgate-Prompt-Tokens"] = []string{strconv.FormatInt(usage.PromptTokens, 10)}
-	h["X-Llmgate-Completion-Tokens"] = []string{strconv.FormatInt(usage.CompletionTokens, 10)}
+	v := make([]string, 3) // one allocation for the three headers' values
+	v[0], v[1] = strconv.FormatInt(usage.PromptTokens, 10), strconv.FormatInt(usage.CompletionTokens, 10)
+	h["X-Llmgate-Prompt-Tokens"] = v[0:1:1]
+	h["X-Llmgate-Completion-Tokens"] = v[1:2:2]
 	if c.access.priced {
-		h["X-Llmgate-Cost-Usd"] = []string{usdText(c.access.microUSD)}
+		v[2] = usdText(c.access.microUSD)
+		h["X-Llmgate-Cost-Usd"] = v[2:3:3]
 	}
 }
 
@@ -61,11 +64,14 @@ func usdText(micro int64) string {
 	if micro < 0 {
 		micro = 0
 	}
-	frac := strconv.FormatInt(micro%1_000_000, 10)
-	for len(frac) < 6 {
-		frac = "0" + frac
+	var b [32]byte
+	out := strconv.AppendInt(b[:0], micro/1_000_000, 10)
+	out = append(out, '.')
+	frac := micro % 1_000_000
+	for d := int64(100_000); d > 0; d /= 10 {
+		out = append(out, byte('0'+frac/d%10))
 	}
-	return strconv.FormatInt(micro/1_000_000, 10) + "." + frac
+	return string(out)
 }
 
 // ms is d in milliseconds, to the microsecond.

@@ -19,6 +19,10 @@ type opsMetrics struct {
 	ttft             *prometheus.HistogramVec
 	queueDepth       *prometheus.GaugeVec
 	queueWait        *prometheus.HistogramVec
+
+	// durationSeries caches upstreamDuration's series by deployment:
+	// every request observes one.
+	durationSeries seriesCache[string, prometheus.Observer]
 }
 
 // latencyBuckets span a fast embedding (5ms) to a long completion (~5m).
@@ -68,7 +72,9 @@ func (m *opsMetrics) queued(dep string) func(waited time.Duration) {
 // upstreamDone observes an upstream call to dep that started at start.
 func (m *opsMetrics) upstreamDone(dep string, start time.Time) {
 	if !start.IsZero() {
-		m.upstreamDuration.WithLabelValues(dep).Observe(time.Since(start).Seconds())
+		m.durationSeries.get(dep, func() prometheus.Observer {
+			return m.upstreamDuration.WithLabelValues(dep)
+		}).Observe(time.Since(start).Seconds())
 	}
 }
 
