@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,6 +36,8 @@ type Lease struct {
 	// (and finding the lock gone) is not mistaken for a loss.
 	releasing bool
 	done      chan struct{} // closed when err is set
+	// lost counts, for the Locker's Stats, leases that end lost.
+	lost *atomic.Int64
 }
 
 func newLease(b Backend, key, token string, fence uint64, ttl time.Duration, validUntil time.Time, granted time.Duration) *Lease {
@@ -75,18 +78,20 @@ func (l *Lease) Context(parent context.Context) (context.Context, context.Cancel
 	return ctx, func() { cancel(context.Canceled) }
 }
 
-// end records why the lease ended; the first cause wins.
-func (l *Lease) end(cause error) {
+// end records why the lease ended; the first cause wins (it reports
+// whether cause was the first).
+func (l *Lease) end(cause error) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
-		return
+		return false
 	}
 	l.err = cause
 	close(l.done)
 	if l.topUpTimer != nil {
 		l.topUpTimer.Stop()
 	}
+	return true
 }
 
 func (l *Lease) lose(reason error) {
@@ -96,7 +101,9 @@ func (l *Lease) lose(reason error) {
 	if releasing {
 		return
 	}
-	l.end(fmt.Errorf("%w: %q: %w", ErrLost, l.Key, reason))
+	if l.end(fmt.Errorf("%w: %q: %w", ErrLost, l.Key, reason)) && l.lost != nil {
+		l.lost.Add(1)
+	}
 }
 
 func (l *Lease) setReleasing(v bool) {

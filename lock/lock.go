@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -109,6 +110,9 @@ type Grant struct {
 	// hand-off (see Options.WaiterLease) and the Locker tops it up; zero
 	// means the TTL asked.
 	TTL time.Duration
+	// HandedOff is set when the lock was handed to this waiter by the
+	// holder's release (or expiry) rather than found free (Stats).
+	HandedOff bool
 }
 
 // Backend is the store side of a lock. Implementations are safe for
@@ -139,7 +143,27 @@ type Inspector interface {
 
 // Locker hands out leases from a Backend.
 type Locker struct {
-	b Backend
+	b     Backend
+	stats lockStats
+}
+
+// Stats counts what a Locker's leases went through.
+type Stats struct {
+	// Acquired counts leases obtained; HandedOff those of them handed over
+	// by a releasing holder to this waiter (FIFO hand-off).
+	Acquired, HandedOff int64
+	// Lost counts leases that ended lost (not released): expired, taken
+	// over, or unconfirmable past their validity.
+	Lost int64
+}
+
+type lockStats struct {
+	acquired, handedOff, lost atomic.Int64
+}
+
+// Stats returns the counts so far.
+func (l *Locker) Stats() Stats {
+	return Stats{Acquired: l.stats.acquired.Load(), HandedOff: l.stats.handedOff.Load(), Lost: l.stats.lost.Load()}
 }
 
 // New returns a Locker over b.
@@ -186,6 +210,11 @@ func (l *Locker) acquire(ctx context.Context, key string, opts Options, wait boo
 		granted = opts.TTL
 	}
 	lease := newLease(l.b, key, token, g.Fence, opts.TTL, g.ValidUntil, granted)
+	lease.lost = &l.stats.lost
+	l.stats.acquired.Add(1)
+	if g.HandedOff {
+		l.stats.handedOff.Add(1)
+	}
 	if granted < opts.TTL {
 		// A hand-off granted for WaiterLease only: top it up to the full
 		// TTL halfway through, unless the lease has ended by then (short

@@ -97,13 +97,14 @@ func isHelp(s string) bool { return s == "-h" || s == "-help" || s == "--help" |
 
 func (a *App) serve(args []string) int {
 	sigs := make(chan os.Signal, 2) // the signal that stops, and one that hurries the stop
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	return a.runServe(sigs, args, nil)
 }
 
 // runServe serves the gateway until a signal arrives on sigs, then shuts
-// it down (see shutdown). ready, if not nil, receives the listening address
+// it down (see shutdown); SIGHUP reloads the configuration's tenants
+// instead (see reload). ready, if not nil, receives the listening address
 // once requests are accepted (tests use it).
 func (a *App) runServe(sigs <-chan os.Signal, args []string, ready chan<- string) int {
 	fs := flag.NewFlagSet("llmgate serve", flag.ContinueOnError)
@@ -190,11 +191,17 @@ func (a *App) runServe(sigs <-chan os.Signal, args []string, ready chan<- string
 		ready <- ln.Addr().String()
 	}
 	var sig os.Signal
-	select {
-	case err := <-errc:
-		fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
-		return exitFailure
-	case sig = <-sigs:
+	for sig == nil {
+		select {
+		case err := <-errc:
+			fmt.Fprintf(a.Stderr, "llmgate serve: %v\n", err)
+			return exitFailure
+		case sig = <-sigs:
+			if sig == syscall.SIGHUP {
+				a.reload(s, *configPath, *listen, log)
+				sig = nil
+			}
+		}
 	}
 	s.shutdown(srv, cfg.Server, log, sig, sigs)
 	return exitOK
@@ -215,12 +222,16 @@ func (s *server) shutdown(srv *http.Server, sv config.Server, log *slog.Logger, 
 	hurry, skip := context.WithCancel(context.Background())
 	defer skip()
 	go func() {
-		select {
-		case sig := <-sigs:
-			log.Warn("second signal: skipping the rest of the drain delay and the grace; requests still running are cut now", "signal", sig.String())
-			skip()
-		case <-hurry.Done():
+		var sig os.Signal
+		for sig == nil || sig == syscall.SIGHUP {
+			select {
+			case sig = <-sigs:
+			case <-hurry.Done():
+				return
+			}
 		}
+		log.Warn("second signal: skipping the rest of the drain delay and the grace; requests still running are cut now", "signal", sig.String())
+		skip()
 	}()
 
 	s.gw.Drain()
@@ -335,4 +346,35 @@ func newLogger(w io.Writer, c config.Log, secrets []string) *slog.Logger {
 		h = slog.NewJSONHandler(w, opts)
 	}
 	return slog.New(redact.New(secrets...).Handler(h))
+}
+
+// reload reads the configuration file again on SIGHUP and, when it is
+// valid, puts its tenants in force (keys, limits, budgets, cache
+// settings); an invalid file changes nothing and the log says why. Other
+// settings take effect on the next start: the log says so when the file
+// changed them.
+func (a *App) reload(s *server, path, listen string, log *slog.Logger) {
+	if path == "" {
+		log.Warn("SIGHUP: no --config file to reload; nothing changed")
+		return
+	}
+	cfg, err := config.Load(path, a.Getenv)
+	if err == nil {
+		if listen != "" {
+			cfg.Listen = listen
+		}
+		err = cfg.Validate(a.Getenv)
+	}
+	var restart bool
+	if err == nil {
+		restart, err = s.tenants.reload(cfg, a.Getenv)
+	}
+	if err != nil {
+		log.Error("SIGHUP: the configuration file is not valid; the configuration in force stays", "file", path, "err", err)
+		return
+	}
+	log.Info("SIGHUP: configuration reloaded; the file's tenants are in force", "file", path, "tenants", len(cfg.Tenants))
+	if restart {
+		log.Warn("SIGHUP: the file changes settings other than tenants; those take effect on the next start", "file", path)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmgate/llmgate/budget"
 	budgetmemory "github.com/llmgate/llmgate/budget/memory"
@@ -27,6 +28,7 @@ import (
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/storeurl"
+	"github.com/llmgate/llmgate/internal/tenants"
 	"github.com/llmgate/llmgate/internal/tokens"
 	"github.com/llmgate/llmgate/lock"
 	lockmemory "github.com/llmgate/llmgate/lock/memory"
@@ -40,6 +42,7 @@ import (
 type server struct {
 	gw       *gateway.Gateway
 	registry *prometheus.Registry // served on /metrics
+	tenants  *tenantSet           // the file's and the registry's tenants
 	closers  []func()
 }
 
@@ -78,10 +81,28 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger, secrets []string
 		return nil, err
 	}
 	opt.Logger, opt.Registry, opt.Secrets = log, s.registry, secrets
+	opt.AccessLog = cfg.Log.AccessOn()
+	tracer, stopTracer, err := newTracer(cfg.Tracing, log)
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, stopTracer) // after the gateway's: its last spans are flushed
+	opt.Tracer = tracer
+	set, adm := a.tenantRegistry(cfg, st, opt.Tenants, opt.AdminTokenSHA256, log)
+	if err := set.registerMetrics(s.registry); err != nil {
+		return nil, err
+	}
+	// The Go runtime's and the process's own series (memory, GC,
+	// goroutines, CPU, open files).
+	if err := registerRuntime(s.registry); err != nil {
+		return nil, err
+	}
+	opt.TenantAdmin = adm.Handler()
 	if gw, err = gateway.New(opt); err != nil {
 		return nil, err
 	}
-	s.gw = gw
+	s.gw, s.tenants = gw, set
+	s.closers = append(s.closers, set.run(gw))
 	go tokens.Warm() // ~0.1 s of loading the first request would otherwise wait for
 	return s, nil
 }
@@ -94,6 +115,7 @@ type stores struct {
 	locks   lock.Backend
 	dedup   dedup.Backend
 	cache   respcache.Store
+	tenants tenants.Store
 	// ready pings the store (nil for the memory store).
 	ready func(context.Context) error
 	// close releases them: the Redis client, or the budget file.
@@ -125,6 +147,10 @@ func openStores(cfg *config.Config, log *slog.Logger) (_ *stores, err error) {
 		st.locks = lockmemory.New(clock.Real{})
 		st.dedup = dedupmemory.New(clock.Real{})
 		st.cache = respcache.NewMemory(int64(cfg.Cache.MaxBytes), clock.Real{})
+		if st.tenants, err = tenants.OpenMemory(filepath.Join(cfg.StateDir, "tenants.json")); err != nil {
+			st.close()
+			return nil, err
+		}
 	} else {
 		client, err := storeurl.OpenRedis(cfg.Store)
 		if err != nil {
@@ -145,6 +171,7 @@ func openStores(cfg *config.Config, log *slog.Logger) (_ *stores, err error) {
 		st.locks = lockredis.New(client, lockredis.Config{})
 		st.dedup = dedupredis.New(client, dedupredis.Config{})
 		st.cache = respcache.NewRedis(client, "")
+		st.tenants = tenants.NewRedis(client, "")
 		st.ready = func(ctx context.Context) error {
 			return client.Do(ctx, client.B().Ping().Build()).Error()
 		}
@@ -302,21 +329,8 @@ func (a *App) gatewayOptions(cfg *config.Config, st *stores, up *provider.Client
 			opt.Models = append(opt.Models, gateway.Model{ID: al.Name, OwnedBy: "llmgate"})
 		}
 	}
-	keys, err := cfg.TenantKeys(a.Getenv)
-	if err != nil {
+	if opt.Tenants, err = fileTenants(cfg, a.Getenv); err != nil {
 		return opt, err
-	}
-	tenants := map[*config.Tenant]*gateway.Tenant{}
-	opt.Tenants = make(map[string]*gateway.Tenant, len(keys))
-	for hash, ct := range keys {
-		t, ok := tenants[ct]
-		if !ok {
-			if t, err = gatewayTenant(ct); err != nil {
-				return opt, err
-			}
-			tenants[ct] = t
-		}
-		opt.Tenants[hash] = t
 	}
 	opt.AdminTokenSHA256 = tokenHash(a.Getenv(cfg.AdminTokenEnv))
 	if cfg.MetricsTokenEnv != "" {
@@ -332,6 +346,19 @@ func slowStart(window int64) int64 {
 		return -1
 	}
 	return window
+}
+
+// registerRuntime adds the Go runtime and process collectors to reg.
+func registerRuntime(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // set is the set of names, or nil when there are none.

@@ -202,6 +202,8 @@ type Config struct {
 	Dedup Dedup `yaml:"dedup"`
 	// Cache configures the response cache (tenants opt in).
 	Cache Cache `yaml:"cache"`
+	// Tracing exports OpenTelemetry spans over OTLP; off by default.
+	Tracing Tracing `yaml:"tracing"`
 
 	// Source says where the configuration came from: the file's path or
 	// name for Load and Parse, SourceDefaultOpenAI or
@@ -222,7 +224,37 @@ type Log struct {
 	Level string `yaml:"level"`
 	// Format is text (default) or json.
 	Format string `yaml:"format"`
+	// Access logs one line per request at info (tenant, model,
+	// deployment, status, tokens, cost, waits). Default true.
+	Access *bool `yaml:"access"`
 }
+
+// Tracing configures OpenTelemetry tracing.
+type Tracing struct {
+	// OTLPEndpoint is the OTLP/HTTP collector's base URL, e.g.
+	// http://otel-collector:4318 (spans go to /v1/traces). Empty: off.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// SampleRatio is the fraction of requests traced that did not come
+	// with a sampling decision (a client's traceparent is followed).
+	// Default 1.
+	SampleRatio *float64 `yaml:"sample_ratio"`
+	// ServiceName is the service.name of the spans. Default llmgate.
+	ServiceName string `yaml:"service_name"`
+}
+
+// On reports whether spans are exported.
+func (t Tracing) On() bool { return t.OTLPEndpoint != "" }
+
+// Ratio is SampleRatio or its default.
+func (t Tracing) Ratio() float64 {
+	if t.SampleRatio == nil {
+		return 1
+	}
+	return *t.SampleRatio
+}
+
+// AccessOn reports whether requests are logged one line each.
+func (l Log) AccessOn() bool { return l.Access == nil || *l.Access }
 
 // SlogLevel returns Level as a slog.Level (info for an unknown level;
 // Validate rejects those).

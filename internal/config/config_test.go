@@ -107,7 +107,7 @@ ratelimit: {fail_closed: true}
 prices: {house: {input_per_mtok: 1, output_per_mtok: 2}, gpt-4o: {input_per_mtok: 9, output_per_mtok: 9}}
 `, nil)
 	if c.Listen != "127.0.0.1:9999" || c.Store != "redis://localhost:6379/1" || c.MaxBodyBytes != 512*KiB || c.MaxWait != 0 ||
-		c.RequestTimeout != 2*time.Minute || c.Log != (Log{"debug", "json"}) ||
+		c.RequestTimeout != 2*time.Minute || c.Log != (Log{Level: "debug", Format: "json"}) ||
 		c.Upstream != (Upstream{1, time.Second, 2 * time.Second, Breaker{2, time.Minute}, Timeout{time.Second, 2 * time.Second, 1.5}, 5 * time.Second,
 			7, 64 * KiB, 3 * time.Second, 4 * time.Second}) ||
 		c.Server != (Server{"", "", time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second, 6, 0, 7 * time.Second}) ||
@@ -205,7 +205,7 @@ func TestSyntaxErrors(t *testing.T) {
 		want       []string
 	}{
 		{"unknown top-level key", providerBlock + "listne: 1", []string{
-			"line 7: listne: unknown key; known keys: listen, http_server, server, store, state_dir, admin_token_env, metrics_token_env, max_body_bytes, max_wait, request_timeout, log, upstream, providers, models, tenants, prices, budget, ratelimit, sessions, dedup, cache"}},
+			"line 7: listne: unknown key; known keys: listen, http_server, server, store, state_dir, admin_token_env, metrics_token_env, max_body_bytes, max_wait, request_timeout, log, upstream, providers, models, tenants, prices, budget, ratelimit, sessions, dedup, cache, tracing"}},
 		{"unknown nested key", "providers:\n  - name: a\n    base_urll: x", []string{
 			"line 3: providers[0].base_urll: unknown key; known keys: name, type, base_url, api_key_env, api_key_envs, api_key_file, models, limits, model_limits, headers, simulated"}},
 		{"unknown limits key", "providers: [{name: a, limits: {rpm: 1, rps: 2}}]", []string{
@@ -220,7 +220,7 @@ func TestSyntaxErrors(t *testing.T) {
 		{"fraction for a limit", "providers: [{limits: {tpm: 1.5}}]", []string{"line 1: providers[0].limits.tpm: got \"1.5\", want a whole number"}},
 		{"text for a boolean", "budget: {fail_open: maybe}", []string{"line 1: budget.fail_open: got \"maybe\", want true or false"}},
 		{"scalar for a list", "providers: openai", []string{"line 1: providers: got \"openai\", want a list"}},
-		{"list for a mapping", "log: [a]", []string{"line 1: log: got a list, want a mapping with keys level, format"}},
+		{"list for a mapping", "log: [a]", []string{"line 1: log: got a list, want a mapping with keys level, format, access"}},
 		{"mapping for a string", "listen: {a: 1}", []string{"line 1: listen: got a mapping, want a string"}},
 		{"list for limits", "providers:\n  - limits:\n      - 1", []string{"line 3: providers[0].limits: got a list, want a mapping with keys rpm, tpm, concurrency"}},
 		{"not a mapping", "just text", []string{"line 1: got text, want a mapping of settings (listen:, providers:, ...); see docs/config.md"}},
@@ -236,7 +236,7 @@ func TestSyntaxErrors(t *testing.T) {
 		}},
 		{"several at once", "max_wait: 30\nlog: {levle: x}\nupstream: {max_attempts: x}", []string{
 			"line 1: max_wait: got \"30\", want a duration such as 30s, 1m30s or 200ms",
-			"line 2: log.levle: unknown key; known keys: level, format",
+			"line 2: log.levle: unknown key; known keys: level, format, access",
 			"line 3: upstream.max_attempts: got \"x\", want a whole number",
 		}},
 	}

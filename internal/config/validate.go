@@ -89,6 +89,7 @@ func (c *Config) Validate(getenv func(string) string) error {
 	v.aliases()
 	v.tenants()
 	v.prices()
+	v.tracing()
 	if getenv != nil {
 		v.secrets(getenv)
 	}
@@ -372,6 +373,27 @@ func (v *validator) providers() {
 				v.add(hp, "%v", err)
 			}
 		}
+	}
+}
+
+func (v *validator) tracing() {
+	t := v.c.Tracing
+	if t.OTLPEndpoint != "" {
+		u, err := url.Parse(t.OTLPEndpoint)
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "":
+			v.add("tracing.otlp_endpoint", "%s is not an http:// or https:// URL; write it like http://otel-collector:4318", quote(storeurl.Redact(t.OTLPEndpoint)))
+		case u.User != nil:
+			v.add("tracing.otlp_endpoint", "holds a user name or password; remove it")
+		case u.RawQuery != "" || u.Fragment != "":
+			v.add("tracing.otlp_endpoint", "has a query or fragment; give only the scheme, host and path")
+		}
+	}
+	if r := t.SampleRatio; r != nil && !(*r >= 0 && *r <= 1) {
+		v.add("tracing.sample_ratio", "is %v; want a fraction from 0 to 1", *r)
+	}
+	if len(t.ServiceName) > 100 {
+		v.add("tracing.service_name", "is %d characters long; at most 100", len(t.ServiceName))
 	}
 }
 

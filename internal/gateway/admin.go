@@ -84,28 +84,10 @@ func (g *Gateway) serveAdminUsage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// tenantList returns the configured tenants (or the anonymous one), in name
+// tenantList returns the tenants in force (or the anonymous one), in name
 // order.
 func (g *Gateway) tenantList() []*Tenant {
-	if len(g.opt.Tenants) == 0 {
-		return []*Tenant{anonymous}
-	}
-	var ts []*Tenant
-	for _, t := range g.opt.Tenants {
-		if !slices.Contains(ts, t) {
-			ts = append(ts, t)
-		}
-	}
-	slices.SortFunc(ts, func(a, b *Tenant) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
-	return ts
+	return slices.Clone(g.tenants.Load().list)
 }
 
 type deploymentState struct {

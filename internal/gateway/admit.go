@@ -57,11 +57,14 @@ func (g *Gateway) reserveBudget(ctx context.Context, c *call) (budget.Reservatio
 	// A request that does not fit while others are in flight waits for
 	// them to settle (usually below their estimates), within its max wait;
 	// the rate limits get what is left of it.
+	_, end := g.stage(ctx, c, "budget.wait")
+	defer end()
 	start := time.Now()
 	res, err := g.opt.Budgets.ReserveWaitFunc(ctx, b, c.usageID(), c.priceModel(), func() budget.Usage {
 		g.estimateCompletion(c)
 		return budget.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.completionEstimate}
 	}, c.maxWait)
+	c.access.budgetWait = time.Since(start)
 	if c.maxWait > 0 {
 		c.maxWait = max(c.maxWait-time.Since(start), 0)
 	}
@@ -142,6 +145,8 @@ func (g *Gateway) chargesFor(c *call, dep *deployment) []ratelimit.Charge {
 // (most headroom first) without waiting; if none has room it waits, in the
 // fair queue of the one that will have room soonest, up to c.maxWait.
 func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admitted, *apiError) {
+	ctx, end := g.stage(ctx, c, "admission.wait")
+	defer end()
 	var (
 		best     admitted
 		bestWait = time.Duration(-1)
@@ -177,8 +182,11 @@ func (g *Gateway) admit(ctx context.Context, c *call, cands []*deployment) (admi
 func (g *Gateway) wait(ctx context.Context, c *call, dep *deployment, req ratelimit.Request) (admitted, *apiError) {
 	req.MaxWait = c.maxWait
 	start := time.Now()
+	done := g.ops.queued(dep.Name)
 	d, err := g.limiterWait(ctx, c, dep, &req, start)
 	waited := time.Since(start)
+	done(waited)
+	c.access.admissionWait += waited
 	g.metrics.admissionWait.Observe(waited.Seconds())
 	if err == nil {
 		dep.learn(d.Limits)

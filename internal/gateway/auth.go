@@ -14,7 +14,8 @@ var anonymous = &Tenant{Name: "anonymous"}
 // authenticate returns the request's tenant, or a 401.
 func (g *Gateway) authenticate(r *http.Request) (*Tenant, *apiError) {
 	key, ok := bearer(r)
-	if len(g.opt.Tenants) == 0 {
+	tenants := g.tenants.Load().byKey
+	if len(tenants) == 0 {
 		return anonymous, nil
 	}
 	if !ok {
@@ -24,7 +25,7 @@ func (g *Gateway) authenticate(r *http.Request) (*Tenant, *apiError) {
 	sum := sha256.Sum256([]byte(key))
 	var hx [2 * sha256.Size]byte
 	hex.Encode(hx[:], sum[:])
-	t := g.opt.Tenants[string(hx[:])] // indexed in place: no string is made
+	t := tenants[string(hx[:])] // indexed in place: no string is made
 	if t == nil {
 		return nil, errf(http.StatusUnauthorized, "authentication_error", "invalid_api_key", "",
 			"Incorrect API key provided. Ask your llmgate operator for a valid key.")

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"io"
 	"log/slog"
@@ -62,7 +63,15 @@ const benchRequest = `{"model":"gpt-4.1-mini","max_tokens":16,"messages":[` +
 // with an upstream that answers at once and no network on either side.
 // Run it with -cpu 1 so that the background settle of each request is in
 // its time.
-func BenchmarkServeChat(b *testing.B) {
+func BenchmarkServeChat(b *testing.B) { benchServeChat(b, nil) }
+
+// BenchmarkServeChatAccessLog is BenchmarkServeChat with the access log
+// on, as llmgate serve runs by default (JSON lines, to nowhere).
+func BenchmarkServeChatAccessLog(b *testing.B) {
+	benchServeChat(b, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+}
+
+func benchServeChat(b *testing.B, accessLog *slog.Logger) {
 	up, err := provider.New(provider.Config{Transport: cannedUpstream{[]byte(benchAnswer)}})
 	if err != nil {
 		b.Fatal(err)
@@ -72,11 +81,12 @@ func BenchmarkServeChat(b *testing.B) {
 	gw, err := New(Options{
 		Route: func(string) ([]string, bool) { return []string{"sim/gpt-4.1-mini"}, true },
 		// As llmgate serve wires the memory store.
-		Limiter:  ratelimit.New(rlmemory.New(clock.Real{}), ratelimit.WithLocalQuota(ratelimit.LocalQuota{})),
-		Budgets:  bm,
-		Upstream: up,
-		Tenants:  map[string]*Tenant{sha(tenantKey): {Name: "bench", Limits: huge}},
-		Logger:   slog.New(slog.DiscardHandler),
+		Limiter:   ratelimit.New(rlmemory.New(clock.Real{}), ratelimit.WithLocalQuota(ratelimit.LocalQuota{})),
+		Budgets:   bm,
+		Upstream:  up,
+		Tenants:   map[string]*Tenant{sha(tenantKey): {Name: "bench", Limits: huge}},
+		Logger:    cmp.Or(accessLog, slog.New(slog.DiscardHandler)),
+		AccessLog: accessLog != nil,
 		Deployments: []Deployment{{
 			Name: "sim/gpt-4.1-mini", Provider: "sim", Model: "gpt-4.1-mini", Limits: huge,
 			Target: provider.Target{Name: "sim/gpt-4.1-mini", BaseURL: "http://127.0.0.1:1/v1", APIKey: providerKey},

@@ -83,6 +83,8 @@ func parseTTL(v string, limit time.Duration) (time.Duration, error) {
 // serveCached answers from the cache; false on a miss (or a store error,
 // which is logged: the request then goes upstream).
 func (g *Gateway) serveCached(ctx context.Context, w http.ResponseWriter, c *call, cf *cacheFill) bool {
+	ctx, end := g.stage(ctx, c, "cache")
+	defer end()
 	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	e, ok, err := g.opt.Cache.Store.Get(gctx, cf.key)

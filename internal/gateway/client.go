@@ -19,6 +19,15 @@ type clientWriter struct {
 	// cut counts a client cut for being too slow, once.
 	cut  func()
 	done bool
+	// status is the answer's status, once sent (0 before).
+	status int
+}
+
+func (w *clientWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
 }
 
 func newClientWriter(w http.ResponseWriter, timeout time.Duration, cut func()) *clientWriter {
@@ -27,6 +36,9 @@ func newClientWriter(w http.ResponseWriter, timeout time.Duration, cut func()) *
 
 func (w *clientWriter) Write(p []byte) (int, error) {
 	_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
 	n, err := w.ResponseWriter.Write(p)
 	w.check(err)
 	return n, err

@@ -24,6 +24,7 @@ type Gateway struct {
 	log      *slog.Logger
 	mux      *http.ServeMux
 	metrics  *metrics
+	ops      *opsMetrics
 	registry *prometheus.Registry
 	redact   *redact.Redactor // the secrets kept from clients
 	// byTarget maps "provider/model" to its deployments (one per key).
@@ -41,6 +42,8 @@ type Gateway struct {
 	workers workers
 	// usage batches the usage records of tenants without a budget cap.
 	usage usageBatch
+	// tenants are the tenants in force (SetTenants).
+	tenants atomic.Pointer[tenantIndex]
 	// lastWindow caches a budget window (see window).
 	lastWindow atomic.Pointer[lastWindow]
 	// draining is set by Drain: /readyz then fails.
@@ -84,11 +87,18 @@ func New(opt Options) (*Gateway, error) {
 		byName:   make(map[string]*deployment),
 	}
 	g.base, g.cut = context.WithCancelCause(context.Background())
+	g.SetTenants(opt.Tenants)
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
 	g.metrics = m
+	if g.ops, err = newOpsMetrics(reg); err != nil {
+		return nil, err
+	}
+	if err := reg.Register(newOpsCollector(g)); err != nil {
+		return nil, err
+	}
 	if err := reg.Register(newAdmissionCollector(opt.Limiter)); err != nil {
 		return nil, err
 	}
@@ -161,6 +171,10 @@ func (g *Gateway) routes() {
 	mux.HandleFunc("GET /admin/usage", g.admin(g.serveAdminUsage))
 	mux.HandleFunc("GET /admin/deployments", g.admin(g.serveAdminDeployments))
 	g.routeDashboard(mux)
+	if h := g.opt.TenantAdmin; h != nil {
+		mux.HandleFunc("/admin/tenants", g.admin(h.ServeHTTP))
+		mux.HandleFunc("/admin/tenants/", g.admin(h.ServeHTTP))
+	}
 	mux.HandleFunc("/", g.serveNotFound)
 	g.mux = mux
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/llmgate/llmgate/lock"
 	"github.com/llmgate/llmgate/ratelimit"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Limits is a quota; 0 means no limit of that kind.
@@ -109,6 +110,7 @@ type Options struct {
 	Models []Model
 	// Tenants maps the lowercase hex SHA-256 of an API key to its tenant.
 	// Empty means open access: every request runs as tenant "anonymous".
+	// These are the tenants at the start; SetTenants replaces them.
 	Tenants map[string]*Tenant
 
 	Limiter  *ratelimit.Limiter
@@ -123,6 +125,10 @@ type Options struct {
 	Dedup     DedupOptions
 	Cache     CacheOptions
 
+	// TenantAdmin serves /admin/tenants (behind the admin token); nil
+	// leaves it out. SetTenants changes the tenants in force.
+	TenantAdmin http.Handler
+
 	// AdminTokenSHA256 is the hex SHA-256 of the admin API token; empty
 	// disables /admin/.
 	AdminTokenSHA256 string
@@ -136,6 +142,12 @@ type Options struct {
 	Secrets []string
 
 	Logger *slog.Logger
+	// AccessLog logs one line per request at info (accesslog.go).
+	AccessLog bool
+	// Tracer, when set, traces every request: a span per request (a child
+	// of the client's W3C traceparent) and per stage, the upstream call's
+	// context sent to the provider as traceparent. Nil: off.
+	Tracer trace.Tracer
 	// Registry receives the gateway's Prometheus metrics; nil means a new
 	// registry, served on /metrics.
 	Registry *prometheus.Registry

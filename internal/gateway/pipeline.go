@@ -54,6 +54,8 @@ type call struct {
 	// progress is what the request has used so far, for the keeper's
 	// budget renewals.
 	progress progress
+	// access is what the access log line says (accesslog.go).
+	access accessInfo
 }
 
 func (c *call) tokenEstimate() int64 { return c.promptEstimate + c.completionEstimate }
@@ -101,12 +103,14 @@ func (g *Gateway) serve(rw http.ResponseWriter, r *http.Request, ep openai.Endpo
 	defer g.pending.Done()
 	g.running.Add(1)
 	defer g.running.Add(-1)
-	defer g.record(r, c, ep)
+	defer g.record(r, c, ep, cw)
 	ctx := r.Context()
 	ctx, cancel := context.WithTimeout(ctx, g.opt.HTTP.RequestTimeout)
 	defer cancel()
+	ctx = g.traceRequest(ctx, r, c, ep)
 
 	cache, fl, aerr := g.prepare(w, r, ep, c)
+	g.stageSince(c, "prepare", c.start)
 	if aerr != nil {
 		aerr.Write(w)
 		return
@@ -177,12 +181,14 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, ep openai.Endp
 }
 
 // record counts and logs a finished request.
-func (g *Gateway) record(r *http.Request, c *call, ep openai.Endpoint) {
+func (g *Gateway) record(r *http.Request, c *call, ep openai.Endpoint, cw *clientWriter) {
 	model := ""
 	if c.req != nil {
 		model = c.req.Model
 	}
 	g.metrics.observeRequest(c, ep, model)
+	g.accessLog(r.Context(), c, ep, model, cw.status, cw.Header())
+	c.endRequestSpan(model, cw.status, cw.Header().Get("X-Llmgate-Deployment"))
 	if g.log.Enabled(r.Context(), slog.LevelDebug) {
 		tenant := ""
 		if c.tenant != nil {

@@ -45,6 +45,9 @@ func (g *Gateway) copyResponseHeader(dst, src http.Header) {
 // relay sends the provider's answer to the client and settles the usage.
 func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm admitted, res budget.Reservation, resp *http.Response) {
 	defer resp.Body.Close()
+	defer g.ops.upstreamDone(adm.dep.Name, c.access.upstreamStart)
+	_, endRelay := g.stage(ctx, c, "relay")
+	defer endRelay()
 	h := w.Header()
 	g.copyResponseHeader(h, resp.Header)
 	setRateHeaders(h, adm.decision.Limits)
@@ -52,6 +55,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	g.metrics.upstreamAnswer(adm.dep.Name, resp.StatusCode)
 
 	if resp.StatusCode == http.StatusOK && c.req.Stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		resp.Body = g.ops.firstToken(resp.Body, adm.dep.Name, c.access.upstreamStart)
 		g.relayStream(ctx, w, c, adm, res, resp)
 		return
 	}
@@ -91,6 +95,8 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 		g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body))
 		return
 	}
+	usage := answerUsage(c, resp.StatusCode, body)
+	g.usageHeaders(h, c, adm.dep.Model, usage)
 	body = g.redact.Bytes(body) // error messages quote keys back
 	h["Content-Length"] = []string{itoa(int64(len(body)))}
 	w.WriteHeader(resp.StatusCode)
@@ -103,7 +109,7 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 	} else {
 		c.outcome = "upstream_" + statusClass(resp.StatusCode)
 	}
-	g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body))
+	g.finish(c, adm, res, usage)
 }
 
 // answerUsage is what a non-streamed answer with status used: its usage,

@@ -76,9 +76,12 @@ func (g *Gateway) sessionID(r *http.Request, body []byte) (string, *apiError) {
 // the queue (ctx).
 func (g *Gateway) lockSession(ctx context.Context, c *call, id string) (*lock.Lease, *apiError) {
 	key := "session:" + c.tenant.Name + ":" + id
+	_, end := g.stage(ctx, c, "session.wait")
+	defer end()
 	start := time.Now()
 	lease, err := g.opt.Sessions.Locker.Acquire(ctx, key, lock.Options{TTL: g.opt.Sessions.TTL, Fair: true})
-	g.metrics.sessionWait.Observe(time.Since(start).Seconds())
+	c.access.sessionWait = time.Since(start)
+	g.metrics.sessionWait.Observe(c.access.sessionWait.Seconds())
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, g.cancelled(c, ctx)

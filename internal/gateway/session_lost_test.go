@@ -199,7 +199,11 @@ func TestSessionLostWhileWaiting(t *testing.T) {
 		t.Errorf("llmgate_session_leases_lost_total = %v; want 1", n)
 	}
 	// Turn 1 gave back what it held: the permit is free (no wait), and
-	// its budget hold is gone.
+	// its budget hold is gone. The others settle after their answers:
+	// wait for that first.
+	if err := h.gw.pending.wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	resp := h.post("/v1/chat/completions", tenantKey, chatBody, "X-Llmgate-Max-Wait", "0")
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -17,7 +17,12 @@ import (
 // most of the time, and the usage of a tenant without a budget cap, which
 // is batched), the rest in the background; Close waits for it.
 func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *openai.Usage) {
+	_, end := g.stage(c.access.tctx, c, "settle")
+	defer end()
 	if usage != nil {
+		if c.access.usage == nil {
+			g.used(c, adm.dep.Model, usage)
+		}
 		g.metrics.tokensUsed(c.tenant.Name, adm.dep.Model, adm.dep.Name, usage.PromptTokens, usage.CompletionTokens)
 		g.learnCompletion(c, usage)
 	}

@@ -93,7 +93,9 @@ func (g *Gateway) share(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			}
 			return
 		}
+		_, endJoin := g.stage(ctx, c, "dedup.join")
 		leader, follower, err := g.opt.Dedup.Group.Join(ctx, fl.key, fl.fingerprint, fl.retain)
+		endJoin()
 		switch {
 		case errors.Is(err, dedup.ErrConflict):
 			c.outcome = "conflict"
@@ -118,7 +120,9 @@ func (g *Gateway) share(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			return
 		}
 		g.metrics.dedup.WithLabelValues("follower").Inc()
+		_, endFollow := g.stage(ctx, c, "dedup.follow")
 		done, err := g.follow(ctx, w, c, follower, &wroteHead, &wrote)
+		endFollow()
 		follower.Close()
 		if done {
 			g.recordFollower(c)

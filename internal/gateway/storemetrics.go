@@ -17,18 +17,20 @@ const storePingTimeout = time.Second
 // whether it answers now, how many store calls failed, and how many
 // requests were admitted without a check because it failed.
 type storeCollector struct {
-	ping    func(context.Context) error
-	limiter *ratelimit.Limiter
-	budgets *budget.Manager
+	pingStore func(context.Context) error
+	limiter   *ratelimit.Limiter
+	budgets   *budget.Manager
 
-	up, errors, failedOpen, failedClosed *prometheus.Desc
+	up, ping, errors, failedOpen, failedClosed *prometheus.Desc
 }
 
 func newStoreCollector(ping func(context.Context) error, l *ratelimit.Limiter, b *budget.Manager) *storeCollector {
 	return &storeCollector{
-		ping: ping, limiter: l, budgets: b,
+		pingStore: ping, limiter: l, budgets: b,
 		up: prometheus.NewDesc("llmgate_store_up",
 			"1 when the coordination store answered a PING at this scrape (within 1s), else 0.", nil, nil),
+		ping: prometheus.NewDesc("llmgate_store_ping_seconds",
+			"Round trip of the PING this scrape sent to the coordination store; absent when it failed (about 0 on the memory store).", nil, nil),
 		errors: prometheus.NewDesc("llmgate_store_errors_total",
 			"Store calls that failed, by component (ratelimit, budget).", []string{"component"}, nil),
 		failedOpen: prometheus.NewDesc("llmgate_fail_open_total",
@@ -40,6 +42,7 @@ func newStoreCollector(ping func(context.Context) error, l *ratelimit.Limiter, b
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.up
+	ch <- c.ping
 	ch <- c.errors
 	ch <- c.failedOpen
 	ch <- c.failedClosed
@@ -48,8 +51,10 @@ func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), storePingTimeout)
 	up := 0.0
-	if c.ping(ctx) == nil {
+	start := time.Now()
+	if c.pingStore(ctx) == nil {
 		up = 1
+		ch <- prometheus.MustNewConstMetric(c.ping, prometheus.GaugeValue, time.Since(start).Seconds())
 	}
 	cancel()
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, up)

@@ -78,7 +78,10 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 			// a later one has overtaken.
 			preq.BeforeAttempt = func() error { return confirmSession(ctx, c.lease) }
 		}
+		c.access.upstreamStart = time.Now()
+		endUpstream := g.traceUpstream(ctx, c, adm.dep.Name, preq.Header)
 		resp, sent, err := g.opt.Upstream.Do(ctx, &adm.dep.Target, preq)
+		endUpstream(err)
 		if err == nil && resp.StatusCode < 500 {
 			// The provider answered: what it said about its limits
 			// (Feedback) is in the shared limits now, or it said nothing
@@ -214,7 +217,7 @@ func (g *Gateway) upstreamBody(c *call, model string) ([]byte, error) {
 
 // forwardHeaders are the client headers passed to the provider; the rest
 // (the client's key above all) stay here.
-var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta"}
+var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta", "Traceparent", "Tracestate"}
 
 func upstreamHeader(r *http.Request, c *call) http.Header {
 	h := make(http.Header, len(forwardHeaders)+4) // room for the provider's key and the target's headers

@@ -662,6 +662,12 @@ func (s *suite) testWokenByRelease(t *testing.T) {
 				t.Fatalf("waiter's fence %d, want > %d", r.lease.Fence, lease.Fence)
 			}
 			wantWaiters(t, ctx, waiter, key, 0)
+			if st := holder.Stats(); st.Acquired != 1 || st.HandedOff != 0 {
+				t.Errorf("holder's Stats %+v, want 1 acquired, none handed off", st)
+			}
+			if st := waiter.Stats(); st.Acquired != 1 || st.HandedOff != 1 {
+				t.Errorf("waiter's Stats %+v, want 1 acquired by hand-off", st)
+			}
 		})
 	}
 }

@@ -167,6 +167,7 @@ func (b *Backend) Acquire(ctx context.Context, key, token string, opts lock.Opti
 
 	select {
 	case g := <-w.grant:
+		g.HandedOff = true
 		return g, nil
 	case <-ctx.Done():
 	}

@@ -467,7 +467,7 @@ func parseGrant(g string, sent time.Time, serverUS int64, ttl time.Duration) (lo
 	expiresIn := time.Duration(grantedUS-serverUS)*time.Microsecond + granted
 	// SafeValidity subtracts drift for the granted lease length.
 	valid := lock.SafeValidity(sent.Add(expiresIn-granted), granted)
-	return lock.Grant{Fence: fence, ValidUntil: valid, TTL: min(granted, ttl)}, nil
+	return lock.Grant{Fence: fence, ValidUntil: valid, TTL: min(granted, ttl), HandedOff: true}, nil
 }
 
 // Release frees key, or passes it on, if token owns it. Goroutines of this
@@ -483,7 +483,7 @@ func (b *Backend) Release(ctx context.Context, key, token string) error {
 	start := time.Now()
 	res, err := b.runRelease(ctx, key, token, "", w)
 	if err == nil && res.status == relPassed {
-		w.turn <- localTurn{grant: &lock.Grant{Fence: uint64(res.fence), ValidUntil: lock.SafeValidity(start, w.ttl)}}
+		w.turn <- localTurn{grant: &lock.Grant{Fence: uint64(res.fence), ValidUntil: lock.SafeValidity(start, w.ttl), HandedOff: true}}
 		return nil
 	}
 	b.unclaim(key, w) // not passed: it waits on, first in line
