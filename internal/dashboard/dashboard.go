@@ -61,7 +61,10 @@ type Deployment struct {
 	// status class (llmgate_upstream_responses_total).
 	Responses map[string]float64 `json:"responses"`
 	Tokens    float64            `json:"tokens"` // llmgate_tokens_total
-	Breaker   string             `json:"breaker,omitempty"`
+	// Queued is how many of this replica's requests wait in the
+	// deployment's queue now (llmgate_queue_depth).
+	Queued  float64 `json:"queued"`
+	Breaker string  `json:"breaker,omitempty"`
 }
 
 // Quota is a limit and how much of it is in use; Limit 0 means none.
@@ -317,6 +320,8 @@ func (d *Dashboard) fromMetrics() (Snapshot, map[string]*hist) {
 				dep(l["deployment"]).Responses[l["status"]] += m.GetCounter().GetValue()
 			case "llmgate_tokens_total":
 				dep(l["deployment"]).Tokens += m.GetCounter().GetValue()
+			case "llmgate_queue_depth":
+				dep(l["deployment"]).Queued += m.GetGauge().GetValue()
 			case d.cfg.LatencyMetric:
 				if h := m.GetHistogram(); h != nil {
 					hists[l[d.cfg.LatencyLabel]] = histOf(h)
@@ -342,7 +347,7 @@ func mergeDeployments(store, traffic []Deployment) []Deployment {
 	for _, s := range store {
 		t := byName[s.Name]
 		delete(byName, s.Name)
-		s.Responses, s.Tokens = t.Responses, t.Tokens
+		s.Responses, s.Tokens, s.Queued = t.Responses, t.Tokens, t.Queued
 		if s.Responses == nil {
 			s.Responses = map[string]float64{}
 		}

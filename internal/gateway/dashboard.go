@@ -25,7 +25,8 @@ const dashboardCookie = "llmgate_dashboard"
 func (g *Gateway) routeDashboard(mux *http.ServeMux) {
 	replica, _ := os.Hostname()
 	replica += ":" + strconv.Itoa(os.Getpid())
-	d := dashboard.New(dashboard.Config{Gatherer: g.registry, State: g.dashboardState, Replica: replica})
+	d := dashboard.New(dashboard.Config{Gatherer: g.registry, State: g.dashboardState, Replica: replica,
+		LatencyMetric: "llmgate_upstream_duration_seconds", LatencyLabel: "deployment"})
 	h := http.StripPrefix("/dashboard", d.Handler())
 	mux.HandleFunc("GET /dashboard", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/dashboard/", http.StatusSeeOther)
