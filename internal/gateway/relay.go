@@ -86,6 +86,10 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 		g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body))
 		return
 	}
+	if ids := newResponseIDs(c); ids != nil && resp.StatusCode/100 == 2 {
+		ids.learn(c, adm.dep, openai.ParseResponseID(body))
+		body = ids.rewrite(body)
+	}
 	body = g.redact.Bytes(body) // error messages quote keys back
 	h["Content-Length"] = []string{itoa(int64(len(body)))}
 	w.WriteHeader(resp.StatusCode)
@@ -161,11 +165,25 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 		sawDone  bool
 		lost     bool   // the session lease lapsed before the end
 		scratch  []byte // reused by dropNullUsage
+		ids      = newResponseIDs(c)
 	)
 	for {
 		raw, data, err := er.Next()
 		idle.Reset(g.opt.HTTP.UpstreamIdleTimeout)
-		if data != nil {
+		if data != nil && ids != nil {
+			// A Responses stream: typed events, the usage in the last.
+			ev := openai.ParseResponseEvent(data)
+			ids.learn(c, adm.dep, ev.ResponseID)
+			sawDone = sawDone || ev.Final
+			if ev.Usage != nil {
+				usage = ev.Usage
+			}
+			if ev.Content {
+				content++
+				c.progress.streamed.Store(content)
+			}
+			raw = ids.rewrite(raw)
+		} else if data != nil {
 			ch := openai.ParseChunk(data)
 			switch {
 			case ch.Done:

@@ -33,6 +33,13 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 	for _, t := range c.targets {
 		cands = append(cands, g.available(t)...)
 	}
+	if c.pin != nil {
+		if cands = pinned(cands, c.pin); len(cands) == 0 && len(pinned(g.byTarget[c.targets[0]], c.pin)) == 0 {
+			c.outcome = "bad_request"
+			openai.BadRequest("previous_response_id", "The previous response was stored by a deployment that does not serve '%s': continue it with the model it was created with.", c.req.Model).Write(w)
+			return
+		}
+	}
 	if len(cands) == 0 {
 		c.outcome = "unavailable"
 		errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "upstream_unavailable", "",
@@ -183,6 +190,10 @@ func (g *Gateway) upstreamBody(c *call, model string) ([]byte, error) {
 	if model != c.req.Model {
 		m, _ := json.Marshal(model)
 		set["model"] = m
+	}
+	if c.previousUpstream != "" {
+		id, _ := json.Marshal(c.previousUpstream)
+		set["previous_response_id"] = id
 	}
 	if c.req.Stream && !c.req.IncludeUsage && c.req.Endpoint != openai.Embeddings {
 		so, err := openai.UsageStreamOptions(c.req.StreamOptions)

@@ -289,8 +289,9 @@ func TestEndpoint(t *testing.T) {
 		{ChatCompletions, "/chat/completions", "chat"},
 		{Completions, "/completions", "completions"},
 		{Embeddings, "/embeddings", "embeddings"},
+		{Responses, "/responses", "responses"},
 		{0, "", "unknown"},
-		{Embeddings + 1, "", "unknown"},
+		{Responses + 1, "", "unknown"},
 	} {
 		if got := tc.ep.Path(); got != tc.path {
 			t.Errorf("Endpoint(%d).Path() = %q, want %q", tc.ep, got, tc.path)

@@ -1,7 +1,8 @@
 // Package sim is a simulated OpenAI-compatible provider for demos, tests and benchmarks: deterministic answers, configurable latency, and rate limits enforced the way the real one does.
 //
-// A Server answers POST /v1/chat/completions and POST /v1/completions
-// (JSON and SSE streaming), POST /v1/embeddings, GET /v1/models, GET
+// A Server answers POST /v1/chat/completions, POST /v1/completions and
+// POST /v1/responses (JSON and SSE streaming; stored responses answer GET
+// and DELETE /v1/responses/{id}), POST /v1/embeddings, GET /v1/models, GET
 // /v1/models/{model} and GET /stats. Answers depend only on the model and
 // the prompt; prompt tokens are counted as OpenAI bills them (package
 // internal/tokens). Each (API key, model) pair has its own RPM and TPM
@@ -87,6 +88,8 @@ type Server struct {
 	rmu sync.Mutex // protects rng
 	rng *rand.Rand
 
+	responses responseStore
+
 	mu       sync.Mutex // protects scopes, inflight, stats
 	scopes   map[scopeKey]*scopeLimits
 	inflight map[string]int64
@@ -122,6 +125,9 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	s.mux.HandleFunc("POST /v1/completions", s.handleCompletion)
 	s.mux.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
+	s.mux.HandleFunc("POST /v1/responses", s.handleResponses)
+	s.mux.HandleFunc("GET /v1/responses/{id}", s.handleGetResponse)
+	s.mux.HandleFunc("DELETE /v1/responses/{id}", s.handleDeleteResponse)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /v1/models/{model}", s.handleModel)
 	s.mux.HandleFunc("GET /stats", s.handleStats)
