@@ -132,7 +132,20 @@ const (
 	// TypeSimulated is the built-in simulated provider (internal/sim), run
 	// in-process.
 	TypeSimulated = "simulated"
+	// TypeAnthropic is Anthropic's API: x-api-key, anthropic-version,
+	// POST /v1/messages.
+	TypeAnthropic = "anthropic"
+	// TypeAzure is Azure OpenAI: api-key, deployment URLs, api-version.
+	TypeAzure = "azure"
 )
+
+// DefaultAnthropicBaseURL is the base_url of a type anthropic provider
+// that sets none.
+const DefaultAnthropicBaseURL = "https://api.anthropic.com/v1"
+
+// DefaultAnthropicVersion is the anthropic-version sent when the client
+// sends none and api_version is not set.
+const DefaultAnthropicVersion = "2023-06-01"
 
 // Tenant priorities.
 const (
@@ -335,7 +348,8 @@ type Provider struct {
 	// Name identifies the provider: lowercase letters, digits, '.', '_' and
 	// '-'. Required, unique.
 	Name string `yaml:"name"`
-	// Type is TypeOpenAI (default) or TypeSimulated.
+	// Type is TypeOpenAI (default), TypeAnthropic, TypeAzure or
+	// TypeSimulated.
 	Type string `yaml:"type"`
 	// BaseURL is the API's base, e.g. https://api.openai.com/v1 (trailing
 	// slashes removed). Required for type openai; not allowed for
@@ -362,8 +376,23 @@ type Provider struct {
 	// Headers are extra headers sent upstream (e.g. OpenAI-Organization).
 	// "${NAME}" in a value is replaced by the environment variable NAME.
 	Headers map[string]string `yaml:"headers"`
+	// APIVersion is the anthropic-version header for type anthropic
+	// (default DefaultAnthropicVersion; a client's own wins), and the
+	// api-version query parameter for type azure (required).
+	APIVersion string `yaml:"api_version"`
+	// Deployments maps a model to its Azure deployment name (type azure);
+	// a model not listed is deployed under its own name.
+	Deployments map[string]string `yaml:"deployments"`
 	// Simulated configures a TypeSimulated provider.
 	Simulated SimulatedProvider `yaml:"simulated"`
+}
+
+// AzureDeployment is the Azure deployment name model is served under.
+func (p *Provider) AzureDeployment(model string) string {
+	if d := p.Deployments[model]; d != "" {
+		return d
+	}
+	return model
 }
 
 // SimulatedProvider is what the in-process simulated provider enforces and
@@ -679,6 +708,10 @@ func (c *Config) SetDefaults(getenv func(string) string) {
 	for i := range c.Providers {
 		p := &c.Providers[i]
 		setString(&p.Type, TypeOpenAI)
+		if p.Type == TypeAnthropic {
+			setString(&p.BaseURL, DefaultAnthropicBaseURL)
+			setString(&p.APIVersion, DefaultAnthropicVersion)
+		}
 		// The gateway appends "/chat/completions" and the like.
 		p.BaseURL = strings.TrimRight(p.BaseURL, "/")
 	}

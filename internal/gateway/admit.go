@@ -122,8 +122,9 @@ func (g *Gateway) chargesFor(c *call, dep *deployment) []ratelimit.Charge {
 	tok := c.tokenEstimate()
 	t := c.tenant
 	ml := t.ModelLimits[c.req.Model]
-	ch := make([]ratelimit.Charge, 0, 3+t.Limits.count()+ml.count()) // at most 3 on the deployment
+	ch := make([]ratelimit.Charge, 0, 5+t.Limits.count()+ml.count()) // at most 5 on the deployment
 	ch = dep.charges(ch, tok)
+	ch = dep.ioCharges(ch, c.promptEstimate, c.completionEstimate)
 	if t.Limits.any() { // the scope is made only when it is charged
 		ch = appendCharges(ch, "tenant:"+t.Name, t.Limits, tok)
 	}

@@ -12,6 +12,9 @@ import (
 type deployment struct {
 	*Deployment
 	scope string // rate-limit scope
+	// inScope and outScope are the scopes of the input and output tokens
+	// limits (ITPM, OTPM).
+	inScope, outScope string
 	// nameHeader is the X-Llmgate-Deployment value, made once: header
 	// values are only read once set (by servers, transports and us).
 	nameHeader []string
@@ -96,6 +99,7 @@ func providerLimits(f provider.Feedback) [2]reportedLimit {
 
 func newDeployment(d *Deployment) *deployment {
 	dep := &deployment{Deployment: d, scope: "dep:" + d.Name, nameHeader: []string{d.Name}}
+	dep.inScope, dep.outScope = dep.scope+"#input", dep.scope+"#output"
 	dep.headroom.Store(1e6)
 	return dep
 }
@@ -202,6 +206,26 @@ func (d *deployment) charged(k int, reported int64) int64 {
 // pass through its scope so that a provider's 429 cooldown (which blocks a
 // scope) holds back every replica even when no quota is configured.
 const unlimitedRPM = 1 << 40
+
+// ioCharges appends the deployment's input and output tokens limits
+// (ITPM, OTPM) as charges of a request of prompt and completion tokens.
+func (d *deployment) ioCharges(dst []ratelimit.Charge, prompt, completion int64) []ratelimit.Charge {
+	for _, io := range [2]struct {
+		scope       string
+		limit, cost int64
+	}{{d.inScope, d.Limits.ITPM, prompt}, {d.outScope, d.Limits.OTPM, completion}} {
+		if io.limit > 0 {
+			dst = append(dst, ratelimit.Charge{Scope: io.scope, Limit: ratelimit.Limit{Kind: ratelimit.Tokens, Limit: io.limit, Window: time.Minute},
+				Cost: min(max(io.cost, 1), io.limit)})
+		}
+	}
+	return dst
+}
+
+// ownScope reports whether scope is one of the deployment's.
+func (d *deployment) ownScope(scope string) bool {
+	return scope == d.scope || scope == d.inScope || scope == d.outScope
+}
 
 // charges returns the deployment's limits as charges of a request costing
 // tokens.

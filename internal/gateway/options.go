@@ -18,6 +18,12 @@ import (
 // Limits is a quota; 0 means no limit of that kind.
 type Limits struct {
 	RPM, TPM, Concurrency int64
+	// ITPM and OTPM are input and output tokens per minute (Anthropic's
+	// limits), for deployments only: each is a tokens limit on a scope of
+	// its own (the limiter holds one tokens limit per window and scope),
+	// charged the prompt estimate and the completion bound, settled with
+	// the prompt and completion tokens used.
+	ITPM, OTPM int64
 }
 
 func (l Limits) any() bool { return l.count() > 0 }

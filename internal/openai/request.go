@@ -22,6 +22,8 @@ const (
 	Embeddings
 	// Responses is OpenAI's Responses API (POST /v1/responses).
 	Responses
+	// Messages is Anthropic's Messages API (POST /v1/messages).
+	Messages
 )
 
 // Path returns the endpoint's path below the API base ("/chat/completions").
@@ -35,6 +37,8 @@ func (e Endpoint) Path() string {
 		return "/embeddings"
 	case Responses:
 		return "/responses"
+	case Messages:
+		return "/messages"
 	}
 	return ""
 }
@@ -49,6 +53,8 @@ func (e Endpoint) String() string {
 		return "embeddings"
 	case Responses:
 		return "responses"
+	case Messages:
+		return "messages"
 	}
 	return "unknown"
 }
@@ -73,7 +79,8 @@ type Request struct {
 	// Input is the embeddings or Responses "input", or the completions
 	// "prompt".
 	Input json.RawMessage
-	// Instructions is the Responses "instructions" (raw, nil when absent).
+	// Instructions is the Responses "instructions", or the Messages
+	// "system" (raw, nil when absent).
 	Instructions json.RawMessage
 	// PreviousResponseID is the Responses "previous_response_id" ("" when
 	// absent): the response this one continues.
@@ -95,6 +102,7 @@ type wireRequest struct {
 	Instructions                              json.RawMessage
 	Temperature                               *float64
 	Messages, Tools, Functions, Input, Prompt json.RawMessage
+	System                                    json.RawMessage
 	StreamOptions                             json.RawMessage
 }
 
@@ -122,6 +130,8 @@ func (w *wireRequest) decode(obj []byte) *Error {
 			previous = v
 		case "instructions":
 			w.Instructions = v
+		case "system":
+			w.System = v
 		case "n":
 			n = v
 		case "temperature":
@@ -369,6 +379,19 @@ func (w *wireRequest) request(ep Endpoint) (*Request, *Error) {
 			return nil, BadRequest("stream", "Embeddings cannot be streamed.")
 		}
 		r.Input = w.Input
+	case Messages:
+		if isNull(w.Messages) {
+			return nil, BadRequest("messages", "messages: Field required")
+		}
+		if w.Messages[0] != '[' {
+			return nil, BadRequest("messages", "messages: Input should be a valid list")
+		}
+		r.Messages, r.Tools, r.Instructions = w.Messages, nullToNil(w.Tools), nullToNil(w.System)
+		r.IncludeUsage, r.N = true, 1
+		r.MaxTokens = 0
+		if w.MaxTokens != nil {
+			r.MaxTokens = *w.MaxTokens
+		}
 	case Responses:
 		// input may be absent: a request can continue a stored response
 		// or use a stored prompt; the provider says what is missing.

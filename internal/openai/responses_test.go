@@ -84,3 +84,66 @@ func FuzzParseResponseEvent(f *testing.F) {
 		_ = ParseResponseID(data)
 	})
 }
+
+func TestParseRequestMessages(t *testing.T) {
+	r, err := ParseRequest(Messages, []byte(`{"model":"claude-sonnet-4-5","max_tokens":100,"system":"Be brief.","messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.MaxTokens != 100 || string(r.Instructions) != `"Be brief."` || !r.Stream || !r.IncludeUsage || len(r.Messages) == 0 {
+		t.Fatalf("%+v", r)
+	}
+	for _, body := range []string{`{"model":"m","max_tokens":1}`, `{"model":"m","messages":{}}`, `{"model":"m","messages":[],"max_tokens":0}`} {
+		if _, err := ParseRequest(Messages, []byte(body)); err == nil {
+			t.Errorf("%s: accepted", body)
+		}
+	}
+}
+
+func TestParseMessagesUsage(t *testing.T) {
+	u := ParseMessagesUsage([]byte(`{"id":"msg_1","type":"message","usage":{"input_tokens":10,"cache_creation_input_tokens":5,"cache_read_input_tokens":20,"output_tokens":7}}`))
+	if u == nil || u.PromptTokens != 35 || u.Cached() != 20 || u.CompletionTokens != 7 {
+		t.Fatalf("%+v", u)
+	}
+	for _, body := range []string{`{"usage":{"input_tokens":-1,"output_tokens":1}}`, `{"usage":null}`, `{}`, `x`, `{"usage":{}}`} {
+		if u := ParseMessagesUsage([]byte(body)); u != nil {
+			t.Errorf("%s: %+v", body, u)
+		}
+	}
+}
+
+func TestParseMessagesEvent(t *testing.T) {
+	start := ParseMessagesEvent([]byte(`{"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":25,"cache_read_input_tokens":0,"output_tokens":1}}}`))
+	if start.Type != "message_start" || start.Usage == nil || start.Usage.PromptTokens != 25 || !start.HasInput || !start.HasOutput {
+		t.Fatalf("%+v", start)
+	}
+	delta := ParseMessagesEvent([]byte(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}`))
+	if !delta.Content || delta.Usage != nil || delta.Final {
+		t.Fatalf("%+v", delta)
+	}
+	if ev := ParseMessagesEvent([]byte(`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`)); ev.Content {
+		t.Fatalf("an empty delta counted: %+v", ev)
+	}
+	md := ParseMessagesEvent([]byte(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`))
+	if md.Usage == nil || md.Usage.CompletionTokens != 15 || md.HasInput || !md.HasOutput {
+		t.Fatalf("%+v", md)
+	}
+	if ev := ParseMessagesEvent([]byte(`{"type":"message_stop"}`)); !ev.Final {
+		t.Fatalf("%+v", ev)
+	}
+}
+
+func FuzzParseMessages(f *testing.F) {
+	f.Add([]byte(`{"type":"message_start","message":{"usage":{"input_tokens":25,"output_tokens":1}}}`))
+	f.Add([]byte(`{"type":"message_delta","usage":{"output_tokens":15}}`))
+	f.Add([]byte(`{"id":"m","usage":{"input_tokens":1e2,"cache_read_input_tokens":3}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ev := ParseMessagesEvent(data)
+		if ev.Usage != nil && (!ev.Usage.valid() || !ev.HasInput && !ev.HasOutput) {
+			t.Fatalf("usage %+v", ev)
+		}
+		if u := ParseMessagesUsage(data); u != nil && !u.valid() {
+			t.Fatalf("usage %+v", u)
+		}
+	})
+}

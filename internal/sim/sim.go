@@ -90,8 +90,9 @@ type Server struct {
 
 	responses responseStore
 
-	mu       sync.Mutex // protects scopes, inflight, stats
+	mu       sync.Mutex // protects scopes, aScopes, inflight, stats
 	scopes   map[scopeKey]*scopeLimits
+	aScopes  map[scopeKey]*anthropicLimits
 	inflight map[string]int64
 	stats    map[string]*KeyStats
 }
@@ -112,6 +113,7 @@ func New(cfg Config) (*Server, error) {
 		embed:    map[string]bool{},
 		rng:      rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		scopes:   map[scopeKey]*scopeLimits{},
+		aScopes:  map[scopeKey]*anthropicLimits{},
 		inflight: map[string]int64{},
 		stats:    map[string]*KeyStats{},
 	}
@@ -130,6 +132,9 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("DELETE /v1/responses/{id}", s.handleDeleteResponse)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /v1/models/{model}", s.handleModel)
+	s.mux.HandleFunc("POST /v1/messages", s.handleMessages)
+	s.mux.HandleFunc("POST /v1/messages/count_tokens", s.handleCountTokens)
+	s.mux.HandleFunc("/openai/deployments/{deployment}/{rest...}", s.handleAzure)
 	s.mux.HandleFunc("GET /stats", s.handleStats)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
@@ -209,6 +214,16 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, b
 	auth := r.Header.Get("Authorization")
 	token, hasBearer := strings.CutPrefix(auth, "Bearer ")
 	token = strings.TrimSpace(token)
+	if !hasBearer {
+		// Anthropic's (its OpenAI-compatible routes too) and Azure's
+		// key headers.
+		for _, h := range [...]string{"X-Api-Key", "Api-Key"} {
+			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
+				token, hasBearer = v, true
+				break
+			}
+		}
+	}
 	if len(s.cfg.APIKeys) > 0 {
 		if !hasBearer || token == "" {
 			writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
