@@ -86,6 +86,8 @@ func (g *Gateway) estimate(c *call) {
 		c.promptEstimate = int64(tokens.Chat(req.Model, req.Messages, req.Tools))
 	case openai.Responses:
 		c.promptEstimate = responsesPrompt(req)
+	case openai.Messages:
+		c.promptEstimate = messagesPrompt(req)
 	default:
 		c.promptEstimate = int64(tokens.Input(req.Model, req.Input))
 	}
@@ -138,6 +140,22 @@ func responsesPrompt(req *openai.Request) int64 {
 		n += tokens.Chat(req.Model, in, req.Tools)
 	case len(in) > 0:
 		n += tokens.Input(req.Model, in) + 7 // one user message and the reply's priming
+	}
+	return int64(n)
+}
+
+// messagesPrompt estimates a Messages request's input: its messages and
+// tools counted as chat messages with OpenAI's encodings, and its system
+// prompt. Anthropic's tokenizer is not public: this is an approximation
+// (see docs/gateway.md for its measured error).
+func messagesPrompt(req *openai.Request) int64 {
+	n := tokens.Chat(req.Model, req.Messages, req.Tools)
+	if sys := jsonscan.TrimSpace(req.Instructions); len(sys) > 0 {
+		if s, ok := jsonscan.String(sys); ok {
+			n += tokens.Text(req.Model, s) + 4
+		} else {
+			n += tokens.Input(req.Model, sys) + 4 // text blocks
+		}
 	}
 	return int64(n)
 }

@@ -153,6 +153,8 @@ func (g *Gateway) routes() {
 	mux.HandleFunc("POST /v1/chat/completions", g.serveChat)
 	mux.HandleFunc("POST /v1/completions", g.serveCompletions)
 	mux.HandleFunc("POST /v1/embeddings", g.serveEmbeddings)
+	mux.HandleFunc("POST /v1/messages", g.serveMessages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", g.serveCountTokens)
 	mux.HandleFunc("POST /v1/responses", g.serveResponses)
 	mux.HandleFunc("GET /v1/responses/{id}", g.serveResponseByID)
 	mux.HandleFunc("DELETE /v1/responses/{id}", g.serveResponseByID)

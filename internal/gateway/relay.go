@@ -25,13 +25,20 @@ var skipResponseHeaders = map[string]bool{
 	"X-Request-Id": true, "Openai-Organization": true, "Openai-Project": true,
 	"X-Ratelimit-Limit-Requests": true, "X-Ratelimit-Remaining-Requests": true, "X-Ratelimit-Reset-Requests": true,
 	"X-Ratelimit-Limit-Tokens": true, "X-Ratelimit-Remaining-Tokens": true, "X-Ratelimit-Reset-Tokens": true,
+	"Anthropic-Organization-Id": true,
+}
+
+// skipResponseHeader reports whether an upstream header is not relayed:
+// skipResponseHeaders, and Anthropic's account limits.
+func skipResponseHeader(k string) bool {
+	return skipResponseHeaders[k] || strings.HasPrefix(k, "Anthropic-Ratelimit-")
 }
 
 // copyResponseHeader copies the provider's headers that a client may see,
 // with every secret redacted (a provider may echo a key back).
 func (g *Gateway) copyResponseHeader(dst, src http.Header) {
 	for k, v := range src {
-		if skipResponseHeaders[k] {
+		if skipResponseHeader(k) {
 			continue
 		}
 		dst[k] = v
@@ -111,7 +118,11 @@ func answerUsage(c *call, status int, body []byte) *openai.Usage {
 	if status/100 != 2 {
 		return nil
 	}
-	if u := openai.ParseUsage(body); u != nil {
+	parse := openai.ParseUsage
+	if c.req.Endpoint == openai.Messages {
+		parse = openai.ParseMessagesUsage
+	}
+	if u := parse(body); u != nil {
 		return u
 	}
 	// No usage in the answer: charge the prompt estimate, the one part
@@ -170,7 +181,27 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 	for {
 		raw, data, err := er.Next()
 		idle.Reset(g.opt.HTTP.UpstreamIdleTimeout)
-		if data != nil && ids != nil {
+		if data != nil && c.req.Endpoint == openai.Messages {
+			// Anthropic's events: the prompt in message_start, the
+			// output so far in message_delta.
+			ev := openai.ParseMessagesEvent(data)
+			sawDone = sawDone || ev.Final
+			if ev.Usage != nil {
+				if usage == nil {
+					usage = &openai.Usage{PromptTokens: c.promptEstimate}
+				}
+				if ev.HasInput {
+					usage.PromptTokens, usage.PromptTokensDetails = ev.Usage.PromptTokens, ev.Usage.PromptTokensDetails
+				}
+				if ev.HasOutput {
+					usage.CompletionTokens = ev.Usage.CompletionTokens
+				}
+			}
+			if ev.Content {
+				content++
+				c.progress.streamed.Store(content)
+			}
+		} else if data != nil && ids != nil {
 			// A Responses stream: typed events, the usage in the last.
 			ev := openai.ParseResponseEvent(data)
 			ids.learn(c, adm.dep, ev.ResponseID)

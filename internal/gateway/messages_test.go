@@ -1,0 +1,184 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go/v3"
+
+	"github.com/llmgate/llmgate/internal/provider"
+	"github.com/llmgate/llmgate/internal/sim"
+)
+
+const claude = "claude-sonnet-4-5"
+
+// anthropicHarness is the harness with an Anthropic deployment of claude
+// on the simulator, and edit applied after.
+func anthropicHarness(t *testing.T, sc sim.Config, limits Limits, edit func(*Options, *harness)) *harness {
+	sc.Models = append(sc.Models, "gpt-4.1", "gpt-4.1-mini", claude)
+	return newHarness(t, harnessConfig{sim: sc, edit: func(o *Options, h *harness) {
+		o.Deployments = append(o.Deployments, Deployment{
+			Name: "anthropic/" + claude, Provider: "anthropic", Model: claude, Limits: limits,
+			Target: provider.Target{Name: "anthropic/" + claude, BaseURL: h.simURL, APIKey: providerKey, Kind: provider.KindAnthropic},
+		})
+		route := o.Route
+		o.Route = func(m string) ([]string, bool) {
+			switch m {
+			case claude:
+				return []string{"anthropic/" + claude}, true
+			case "claude-or-gpt":
+				return []string{"anthropic/" + claude, "sim/gpt-4.1"}, true
+			}
+			return route(m)
+		}
+		if edit != nil {
+			edit(o, h)
+		}
+	}})
+}
+
+// anthropicClient is an official Anthropic SDK client for the gateway,
+// unchanged but for its base URL and key (sent as x-api-key).
+func (h *harness) anthropicClient(key string) anthropic.Client {
+	return anthropic.NewClient(aoption.WithBaseURL(h.url), aoption.WithAPIKey(key), aoption.WithMaxRetries(0))
+}
+
+// TestAnthropicSDK drives /v1/messages with the official Anthropic SDK:
+// create, stream, count_tokens, errors in Anthropic's shape; and the same
+// deployment answers chat completions from the OpenAI SDK.
+func TestAnthropicSDK(t *testing.T) {
+	h := anthropicHarness(t, sim.Config{}, Limits{}, nil)
+	client := h.anthropicClient(tenantKey)
+	ctx := t.Context()
+	params := anthropic.MessageNewParams{
+		Model: claude, MaxTokens: 200,
+		System:   []anthropic.TextBlockParam{{Text: "Be brief."}},
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("What is a token bucket?"))},
+	}
+	msg, err := client.Messages.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msg.Content) != 1 || msg.Content[0].Text == "" || msg.Usage.InputTokens == 0 || msg.Usage.OutputTokens == 0 {
+		t.Fatalf("%s", msg.RawJSON())
+	}
+
+	t.Run("stream", func(t *testing.T) {
+		stream := client.Messages.NewStreaming(ctx, params)
+		var acc anthropic.Message
+		events := 0
+		for stream.Next() {
+			if err := acc.Accumulate(stream.Current()); err != nil {
+				t.Fatal(err)
+			}
+			events++
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if events < 6 || len(acc.Content) != 1 || acc.Content[0].Text != msg.Content[0].Text || acc.Usage.OutputTokens != msg.Usage.OutputTokens || acc.Usage.InputTokens != msg.Usage.InputTokens {
+			t.Fatalf("%d events, streamed %v usage %+v; JSON %q usage %+v", events, acc.Content, acc.Usage, msg.Content[0].Text, msg.Usage)
+		}
+	})
+
+	t.Run("count tokens", func(t *testing.T) {
+		n, err := client.Messages.CountTokens(ctx, anthropic.MessageCountTokensParams{Model: claude, System: anthropic.MessageCountTokensParamsSystemUnion{OfTextBlockArray: params.System}, Messages: params.Messages})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.InputTokens != msg.Usage.InputTokens {
+			t.Fatalf("count_tokens %d, the message's input %d", n.InputTokens, msg.Usage.InputTokens)
+		}
+	})
+
+	t.Run("errors in anthropic's shape", func(t *testing.T) {
+		for _, tc := range []struct {
+			key, model string
+			status     int
+			typ        string
+		}{
+			{"sk-wrong", claude, 401, "authentication_error"},
+			{tenantKey, "no-such-model", 404, "not_found_error"},
+			{tenantKey, "gpt-4.1", 400, "invalid_request_error"}, // not an Anthropic deployment
+		} {
+			p := params
+			p.Model = anthropic.Model(tc.model)
+			c := h.anthropicClient(tc.key)
+			_, err := c.Messages.New(ctx, p)
+			var ae *anthropic.Error
+			if !errors.As(err, &ae) || ae.StatusCode != tc.status {
+				t.Fatalf("%s/%s: %v", tc.key, tc.model, err)
+			}
+			var body struct {
+				Type  string `json:"type"`
+				Error struct{ Type, Message string }
+			}
+			if json.Unmarshal([]byte(ae.RawJSON()), &body) != nil || body.Type != "error" || body.Error.Type != tc.typ || body.Error.Message == "" {
+				t.Fatalf("%s/%s: body %s, want an Anthropic %s", tc.key, tc.model, ae.RawJSON(), tc.typ)
+			}
+		}
+	})
+
+	t.Run("chat completions on the anthropic deployment", func(t *testing.T) {
+		oc := h.client(tenantKey)
+		c, err := oc.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model: claude, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")},
+		})
+		if err != nil || c.Model != claude || c.Usage.PromptTokens == 0 {
+			t.Fatalf("%v %+v", err, c)
+		}
+	})
+
+	t.Run("usage settled", func(t *testing.T) {
+		if err := h.gw.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := h.budgets.Usage(ctx, "team-a", time.Now().UTC().Format("2006-01"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var prompt, completion int64
+		for _, r := range rows {
+			if r.Model == claude {
+				prompt, completion = prompt+r.PromptTokens, completion+r.CompletionTokens
+			}
+		}
+		if prompt < 2*msg.Usage.InputTokens || completion < 2*msg.Usage.OutputTokens {
+			t.Fatalf("recorded %d prompt and %d completion tokens, want at least %d and %d", prompt, completion, 2*msg.Usage.InputTokens, 2*msg.Usage.OutputTokens)
+		}
+	})
+}
+
+// TestMessagesInputOutputLimits: the deployment's ITPM and OTPM are
+// charged the prompt and max_tokens, and settled with what was used.
+func TestMessagesInputOutputLimits(t *testing.T) {
+	h := anthropicHarness(t, sim.Config{}, Limits{ITPM: 10000, OTPM: 1000}, func(o *Options, _ *harness) { o.Admission.MaxWait = -1 })
+	body := `{"model":"` + claude + `","max_tokens":600,"messages":[{"role":"user","content":"hello"}]}`
+	post := func() *http.Response {
+		resp := h.post("/v1/messages", "", body, "x-api-key", tenantKey, "anthropic-version", "2023-06-01")
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	// 600 of 1,000 output tokens are held while the first runs, and all
+	// but the few it generated come back at its settle: a second fits.
+	for i := range 2 {
+		if resp := post(); resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+	// One over the whole OTPM is refused, in Anthropic's shape.
+	resp := h.post("/v1/messages", "", strings.Replace(body, "600", "5000", 1), "x-api-key", tenantKey, "anthropic-version", "2023-06-01")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(b), `"type":"rate_limit_error"`) {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}
