@@ -101,16 +101,15 @@ func parseFeedback(status int, h http.Header, now time.Time) Feedback {
 	}
 	f.LimitInputTokens, f.RemainingInputTokens, f.ResetInputTokens = anthropicLimit(h, "Input-Tokens", now)
 	f.LimitOutputTokens, f.RemainingOutputTokens, f.ResetOutputTokens = anthropicLimit(h, "Output-Tokens", now)
-	// Anthropic's requests and tokens ("the most restrictive token limit
-	// in force") stand in for the x-ratelimit-* ones it does not send.
+	// Anthropic's requests limit stands in for x-ratelimit-*-requests.
+	// Its anthropic-ratelimit-tokens-* is not a tokens limit of its own
+	// but the most restrictive of the input and output ones, read above:
+	// taken as a limit on input plus output it would hold the gateway
+	// below what the provider allows.
 	l, r, d := anthropicLimit(h, "Requests", now)
 	fillAbsent(&f.LimitRequests, l)
 	fillAbsent(&f.RemainingRequests, r)
 	fillAbsent(&f.ResetRequests, d)
-	l, r, d = anthropicLimit(h, "Tokens", now)
-	fillAbsent(&f.LimitTokens, l)
-	fillAbsent(&f.RemainingTokens, r)
-	fillAbsent(&f.ResetTokens, d)
 	return f
 }
 

@@ -70,7 +70,6 @@ func TestParseFeedback(t *testing.T) {
 			"anthropic-ratelimit-output-tokens-reset", date.Add(-time.Second).Format(time.RFC3339),
 		}, with(200, func(f *Feedback) {
 			f.LimitRequests, f.RemainingRequests, f.ResetRequests = 50, 49, 2*time.Second
-			f.LimitTokens, f.RemainingTokens, f.ResetTokens = 30000, 29000, 3*time.Second
 			f.LimitInputTokens, f.RemainingInputTokens, f.ResetInputTokens = 30000, 29000, 3*time.Second
 			f.LimitOutputTokens, f.RemainingOutputTokens, f.ResetOutputTokens = 8000, 7000, 0
 		})},
