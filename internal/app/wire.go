@@ -275,6 +275,7 @@ func (a *App) gatewayOptions(cfg *config.Config, st *stores, up *provider.Client
 	if cfg.MaxWait == 0 {
 		opt.Admission.MaxWait = -1 // configured as "never wait"
 	}
+	opt.PassThrough = gateway.PassThroughOptions{Provider: cfg.PassThrough.Provider, Unknown: cfg.PassThrough.UnknownRoutes == config.UnknownPass}
 	deps, err := cfg.Deployments(a.Getenv)
 	if err != nil {
 		return opt, err

@@ -215,6 +215,8 @@ type Config struct {
 	Dedup Dedup `yaml:"dedup"`
 	// Cache configures the response cache (tenants opt in).
 	Cache Cache `yaml:"cache"`
+	// PassThrough says where the routes without a model go.
+	PassThrough PassThrough `yaml:"passthrough"`
 
 	// Source says where the configuration came from: the file's path or
 	// name for Load and Parse, SourceDefaultOpenAI or
@@ -432,6 +434,23 @@ func (p *Provider) SimConfig() sim.Config {
 		ErrorRate: s.ErrorRate, DropRate: s.DropRate, Seed: s.Seed,
 	}
 }
+
+// PassThrough configures the routes passed to a provider as they are
+// (files, batches, and unknown /v1/ routes, which carry no model).
+type PassThrough struct {
+	// Provider names the provider (type openai or simulated) whose first
+	// deployment takes them. Default: the first such provider.
+	Provider string `yaml:"provider"`
+	// UnknownRoutes is UnknownNotFound (default: a 404 in OpenAI's shape)
+	// or UnknownPass (passed to that provider).
+	UnknownRoutes string `yaml:"unknown_routes"`
+}
+
+// PassThrough.UnknownRoutes values.
+const (
+	UnknownNotFound = "not_found"
+	UnknownPass     = "pass"
+)
 
 // Alias is a model name clients send that routes to provider/model targets.
 type Alias struct {
@@ -704,6 +723,7 @@ func (c *Config) SetDefaults(getenv func(string) string) {
 	}
 	setDuration(&c.Cache.MaxTTL, DefaultCacheMaxTTL)
 	setDuration(&c.Sessions.TTL, DefaultSessionTTL)
+	setString(&c.PassThrough.UnknownRoutes, UnknownNotFound)
 
 	for i := range c.Providers {
 		p := &c.Providers[i]

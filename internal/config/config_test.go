@@ -205,7 +205,7 @@ func TestSyntaxErrors(t *testing.T) {
 		want       []string
 	}{
 		{"unknown top-level key", providerBlock + "listne: 1", []string{
-			"line 7: listne: unknown key; known keys: listen, http_server, server, store, state_dir, admin_token_env, metrics_token_env, max_body_bytes, max_wait, request_timeout, log, upstream, providers, models, tenants, prices, budget, ratelimit, sessions, dedup, cache"}},
+			"line 7: listne: unknown key; known keys: listen, http_server, server, store, state_dir, admin_token_env, metrics_token_env, max_body_bytes, max_wait, request_timeout, log, upstream, providers, models, tenants, prices, budget, ratelimit, sessions, dedup, cache, passthrough"}},
 		{"unknown nested key", "providers:\n  - name: a\n    base_urll: x", []string{
 			"line 3: providers[0].base_urll: unknown key; known keys: name, type, base_url, api_key_env, api_key_envs, api_key_file, models, limits, model_limits, headers, api_version, deployments, simulated"}},
 		{"unknown limits key", "providers: [{name: a, limits: {rpm: 1, rps: 2}}]", []string{

@@ -89,6 +89,7 @@ func (c *Config) Validate(getenv func(string) string) error {
 	v.aliases()
 	v.tenants()
 	v.prices()
+	v.passThrough()
 	if getenv != nil {
 		v.secrets(getenv)
 	}
@@ -471,6 +472,27 @@ func (v *validator) limits(path string, l Limits) {
 			v.add(path+"."+k.key, "is %d, above the maximum %d", n, int64(MaxLimit))
 		}
 	}
+}
+
+func (v *validator) passThrough() {
+	pt := v.c.PassThrough
+	switch pt.UnknownRoutes {
+	case UnknownNotFound, UnknownPass:
+	default:
+		v.add("passthrough.unknown_routes", "%s: use not_found (a 404 in OpenAI's shape) or pass (to passthrough.provider)", quote(pt.UnknownRoutes))
+	}
+	if pt.Provider == "" {
+		return
+	}
+	for _, p := range v.c.Providers {
+		if p.Name == pt.Provider {
+			if p.Type != TypeOpenAI && p.Type != TypeSimulated {
+				v.add("passthrough.provider", "%s is of type %s; routes without a model go to a provider of type openai or simulated", quote(p.Name), p.Type)
+			}
+			return
+		}
+	}
+	v.add("passthrough.provider", "there is no provider named %s", quote(pt.Provider))
 }
 
 // providerOnly refuses the limits only a provider's quota has: a tenant's

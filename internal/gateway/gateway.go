@@ -167,7 +167,8 @@ func (g *Gateway) routes() {
 	mux.Handle("GET /metrics", g.metricsHandler())
 	mux.HandleFunc("GET /admin/usage", g.admin(g.serveAdminUsage))
 	mux.HandleFunc("GET /admin/deployments", g.admin(g.serveAdminDeployments))
-	mux.HandleFunc("/", g.serveNotFound)
+	g.passRoutes(mux)
+	mux.HandleFunc("/", g.serveUnknown)
 	g.mux = mux
 }
 

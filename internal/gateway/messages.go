@@ -2,14 +2,10 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
-	"time"
 
-	"github.com/llmgate/llmgate/budget"
-	"github.com/llmgate/llmgate/internal/jsonscan"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/provider"
 )
@@ -147,127 +143,6 @@ func servesEndpoint(d *deployment, ep openai.Endpoint) bool {
 		return true
 	}
 	return !anthropic
-}
-
-// passRoute says where a passed-through request goes.
-type passRoute struct {
-	// path is the provider path ("" means the client's path below /v1).
-	path string
-	// kind, when byModel, restricts the deployments to those of a kind
-	// ("" any).
-	kind string
-	// byModel picks the deployment by the "model" of the JSON body (or
-	// multipart form); otherwise the first configured deployment answers.
-	byModel bool
-}
-
-// passThrough sends a request the gateway does not account (no tokens are
-// known before or after) to a deployment: authenticated, with the
-// tenant's request limits, the answer relayed with secrets removed.
-func (g *Gateway) passThrough(w http.ResponseWriter, r *http.Request, pr passRoute) {
-	idHeader := setRequestID(w, r)
-	g.pending.Add(1) // the settle may run in the background: Close waits for it
-	defer g.pending.Done()
-	t, aerr := g.authenticate(r)
-	if aerr != nil {
-		aerr.Write(w)
-		return
-	}
-	body, aerr := g.readBody(w, r)
-	if aerr != nil {
-		aerr.Write(w)
-		return
-	}
-	var dep *deployment
-	if pr.byModel {
-		model, _ := jsonscan.String(openai.Member(body, "model"))
-		if model == "" {
-			openai.BadRequest("model", "You must provide a model parameter.").Write(w)
-			return
-		}
-		if t.Models != nil && !t.Models[model] {
-			errf(http.StatusForbidden, openai.TypePermission, "model_not_allowed", "model",
-				"The model '%s' is not allowed for this API key.", model).Write(w)
-			return
-		}
-		targets, _ := g.opt.Route(model)
-		for _, tg := range targets {
-			for _, d := range g.available(tg) {
-				if dep == nil && (pr.kind == "" && d.Target.Kind != provider.KindAnthropic || d.Target.Kind == pr.kind) {
-					dep = d
-				}
-			}
-		}
-		if dep == nil {
-			errf(http.StatusNotFound, openai.TypeInvalidRequest, "model_not_found", "model",
-				"The model '%s' does not exist or you do not have access to it.", model).Write(w)
-			return
-		}
-		if dep.Model != model {
-			if b, err := openai.Rewrite(body, map[string]json.RawMessage{"model": mustJSON(dep.Model)}); err == nil {
-				body = b
-			}
-		}
-	} else {
-		for _, d := range g.deps {
-			if d.Target.Kind != provider.KindAnthropic && g.opt.Upstream.Available(d.Name) {
-				dep = d
-				break
-			}
-		}
-		if dep == nil {
-			errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "upstream_unavailable", "",
-				"No deployment can take this request right now.").Write(w)
-			return
-		}
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), g.opt.HTTP.RequestTimeout)
-	defer cancel()
-	// The deployment's and the tenant's request and concurrency limits
-	// (a token is charged, and given back at the settle).
-	c := &call{id: idHeader[0], idHeader: idHeader, start: time.Now(), tenant: t, req: &openai.Request{Model: dep.Model}, outcome: "error"}
-	if aerr := g.readHints(r, c); aerr != nil {
-		aerr.Write(w)
-		return
-	}
-	adm, aerr := g.admit(ctx, c, []*deployment{dep})
-	if aerr != nil {
-		aerr.Write(w)
-		return
-	}
-	path := pr.path
-	if path == "" {
-		path = strings.TrimPrefix(r.URL.Path, "/v1")
-	}
-	if r.URL.RawQuery != "" {
-		path += "?" + r.URL.RawQuery
-	}
-	h := http.Header{"X-Request-Id": idHeader}
-	for _, k := range forwardHeaders {
-		if v, ok := r.Header[k]; ok {
-			h[k] = v
-		}
-	}
-	resp, _, err := g.opt.Upstream.Do(ctx, &dep.Target, provider.Request{Method: r.Method, Path: path, Body: body, Header: h})
-	if err != nil {
-		g.refund(adm)
-		g.upstreamError(c, dep, err).Write(w)
-		return
-	}
-	defer resp.Body.Close()
-	adm.refused = resp.StatusCode == http.StatusTooManyRequests
-	defer g.finish(c, adm, budget.Reservation{}, nil)
-	out, err := readAnswer(resp)
-	if err != nil || len(out) > maxAnswerBytes {
-		errf(http.StatusBadGateway, openai.TypeUpstream, "upstream_error", "", "The provider's answer could not be read.").Write(w)
-		return
-	}
-	out = g.redact.Bytes(out)
-	g.copyResponseHeader(w.Header(), resp.Header)
-	w.Header()["X-Llmgate-Deployment"] = dep.nameHeader
-	w.Header()["Content-Length"] = []string{itoa(int64(len(out)))}
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(out)
 }
 
 func mustJSON(s string) json.RawMessage {

@@ -128,6 +128,9 @@ type Options struct {
 	Sessions  SessionOptions
 	Dedup     DedupOptions
 	Cache     CacheOptions
+	// PassThrough says where the routes without a model go (files,
+	// batches, and unknown /v1/ routes).
+	PassThrough PassThroughOptions
 
 	// AdminTokenSHA256 is the hex SHA-256 of the admin API token; empty
 	// disables /admin/.
@@ -145,6 +148,18 @@ type Options struct {
 	// Registry receives the gateway's Prometheus metrics; nil means a new
 	// registry, served on /metrics.
 	Registry *prometheus.Registry
+}
+
+// PassThroughOptions configure the routes passed to a provider as they
+// are (see passthrough.go).
+type PassThroughOptions struct {
+	// Provider names the provider whose first deployment takes the routes
+	// without a model (files, batches, unknown routes); "" means the
+	// first deployment of type openai.
+	Provider string
+	// Unknown passes /v1/ routes the gateway does not know to that
+	// deployment; false answers them 404 unknown_url.
+	Unknown bool
 }
 
 // AdmissionOptions say how requests wait for and hold rate-limit capacity,

@@ -88,7 +88,8 @@ type Server struct {
 	rmu sync.Mutex // protects rng
 	rng *rand.Rand
 
-	responses responseStore
+	responses      responseStore
+	files, batches objects
 
 	mu       sync.Mutex // protects scopes, aScopes, inflight, stats
 	scopes   map[scopeKey]*scopeLimits
@@ -135,6 +136,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/messages", s.handleMessages)
 	s.mux.HandleFunc("POST /v1/messages/count_tokens", s.handleCountTokens)
 	s.mux.HandleFunc("/openai/deployments/{deployment}/{rest...}", s.handleAzure)
+	s.otherRoutes()
 	s.mux.HandleFunc("GET /stats", s.handleStats)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
