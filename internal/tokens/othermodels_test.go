@@ -31,7 +31,7 @@ func TestOtherModelsApproximation(t *testing.T) {
 	// maxTotal bounds the error over the whole corpus, maxOne that of one
 	// text (numbers and CJK differ most).
 	for _, m := range []struct {
-		key, model      string
+		key, model       string
 		maxTotal, maxOne float64
 	}{
 		{"claude", "claude-sonnet-4-5", 0.25, 0.60},
