@@ -405,6 +405,8 @@ type SimulatedProvider struct {
 	RPM         int64         `yaml:"rpm"`         // per (key, model); 0 = no limit
 	TPM         int64         `yaml:"tpm"`         // per (key, model); 0 = no limit
 	Concurrency int64         `yaml:"concurrency"` // per key; 0 = no limit
+	ITPM        int64         `yaml:"itpm"`        // input tokens per (key, model) on /v1/messages; 0 = no limit
+	OTPM        int64         `yaml:"otpm"`        // output tokens per (key, model) on /v1/messages; 0 = no limit
 	TTFT        time.Duration `yaml:"ttft"`        // time to first token
 	TokenDelay  time.Duration `yaml:"token_delay"` // between completion tokens
 	Jitter      float64       `yaml:"jitter"`      // delays scaled by a random factor in [1-j, 1+j]
@@ -429,7 +431,7 @@ func (p *Provider) SimConfig() sim.Config {
 	s := p.Simulated
 	return sim.Config{
 		Models: chat, EmbeddingModels: emb,
-		RPM: s.RPM, TPM: s.TPM, Concurrency: s.Concurrency,
+		RPM: s.RPM, TPM: s.TPM, Concurrency: s.Concurrency, ITPM: s.ITPM, OTPM: s.OTPM,
 		TTFT: s.TTFT, TokenDelay: s.TokenDelay, Jitter: s.Jitter,
 		ErrorRate: s.ErrorRate, DropRate: s.DropRate, Seed: s.Seed,
 	}

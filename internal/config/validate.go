@@ -413,7 +413,7 @@ func (v *validator) simulated(path string, s SimulatedProvider) {
 	for _, f := range []struct {
 		key string
 		n   int64
-	}{{"rpm", s.RPM}, {"tpm", s.TPM}, {"concurrency", s.Concurrency}} {
+	}{{"rpm", s.RPM}, {"tpm", s.TPM}, {"concurrency", s.Concurrency}, {"itpm", s.ITPM}, {"otpm", s.OTPM}} {
 		if f.n < 0 {
 			v.add(path+"."+f.key, "is %d; must be >= 0 (0 = no limit)", f.n)
 		}

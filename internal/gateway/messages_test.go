@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 
+	lgopenai "github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/sim"
 )
@@ -179,6 +181,49 @@ func TestMessagesInputOutputLimits(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(b), `"type":"rate_limit_error"`) {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}
+
+func TestAnthropicWriter(t *testing.T) {
+	rec := httptest.NewRecorder()
+	w := &anthropicWriter{ResponseWriter: rec}
+	e := errf(http.StatusTooManyRequests, "tokens", "rate_limit_exceeded", "", "Rate limit reached.")
+	e.Write(w)
+	if rec.Code != 429 || strings.TrimSpace(rec.Body.String()) != `{"error":{"message":"Rate limit reached.","type":"rate_limit_error"},"type":"error"}` {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	// In a stream: the gateway's in-band error becomes an error event.
+	rec = httptest.NewRecorder()
+	w = &anthropicWriter{ResponseWriter: rec}
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write([]byte("event: message_start\ndata: {\"type\":\"message_start\"}\n\n"))
+	b := errf(http.StatusBadGateway, lgopenai.TypeUpstream, "stream_interrupted", "", "The provider's stream ended unexpectedly.").Body()
+	_, _ = w.Write(append(append([]byte("data: "), b...), '\n'))
+	want := "event: message_start\ndata: {\"type\":\"message_start\"}\n\nevent: error\ndata: {\"error\":{\"message\":\"The provider's stream ended unexpectedly.\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n"
+	if rec.Body.String() != want {
+		t.Fatalf("got\n%q\nwant\n%q", rec.Body.String(), want)
+	}
+	// The provider's own errors pass unchanged.
+	rec = httptest.NewRecorder()
+	w = &anthropicWriter{ResponseWriter: rec}
+	w.WriteHeader(529)
+	const up = `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`
+	_, _ = w.Write([]byte(up))
+	if rec.Body.String() != up {
+		t.Fatalf("%s", rec.Body)
+	}
+}
+
+// TestMessagesStreamCut: a provider stream cut halfway ends the client's
+// stream with an Anthropic error event and is charged what it streamed.
+func TestMessagesStreamCut(t *testing.T) {
+	h := anthropicHarness(t, sim.Config{DropRate: 1}, Limits{}, nil)
+	resp := h.post("/v1/messages", "", `{"model":"`+claude+`","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hello"}]}`,
+		"x-api-key", tenantKey, "anthropic-version", "2023-06-01")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "event: error\ndata: {\"error\":{") || strings.Contains(string(b), "message_stop") {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
 }

@@ -254,7 +254,9 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 			break
 		}
 	}
-	complete := (sawDone || usage != nil) && !lost
+	// A Messages stream reports usage from its first event on: only
+	// message_stop ends it.
+	complete := (sawDone || usage != nil && c.req.Endpoint != openai.Messages) && !lost
 	if !complete && errors.Is(context.Cause(sctx), lock.ErrLost) {
 		lost = true // the watchdog found the lease lost and cancelled the call
 	}
@@ -288,6 +290,9 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 				_ = rc.Flush()
 			}
 		}
+	}
+	if usage != nil && !complete {
+		usage.CompletionTokens = max(usage.CompletionTokens, content) // reported before the cut, or streamed since
 	}
 	if usage == nil {
 		// Charge what is known to have been used: the prompt and the

@@ -132,7 +132,7 @@ func (c Config) Validate() error {
 		bad("TPM is %d; use 0 for unlimited or a positive tokens-per-minute limit", c.TPM)
 	}
 	if c.ITPM < 0 || c.OTPM < 0 {
-		bad("ITPM %d and OTPM %d: use 0 for unlimited or a positive tokens-per-minute limit", c.ITPM, c.OTPM)
+		bad("ITPM is %d and OTPM %d; use 0 for unlimited or a positive tokens-per-minute limit", c.ITPM, c.OTPM)
 	}
 	if c.Concurrency < 0 {
 		bad("Concurrency is %d; use 0 for unlimited or a positive number of requests in flight", c.Concurrency)

@@ -70,3 +70,45 @@ func FuzzRequestBody(f *testing.F) {
 		}
 	})
 }
+
+// FuzzMessagesBody sends arbitrary bodies to Anthropic's /v1/messages and
+// count_tokens: no panic, and every answer is a success or an error in
+// Anthropic's shape.
+func FuzzMessagesBody(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"gpt-4.1","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"gpt-4.1","max_tokens":5,"system":[{"type":"text","text":"x"}],"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"stream":true}`,
+		`{"model":"gpt-4.1","max_tokens":0,"messages":[]}`, `{"model":"gpt-4.1","messages":[{"role":"system","content":1}]}`, `null`, ``,
+	} {
+		f.Add(false, []byte(seed))
+		f.Add(true, []byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, count bool, body []byte) {
+		s, err := New(Config{ITPM: 2000, OTPM: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := "/v1/messages"
+		if count {
+			path += "/count_tokens"
+		}
+		req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+		req.Header.Set("anthropic-version", "2023-06-01")
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		out := rec.Body.Bytes()
+		if rec.Code == http.StatusOK {
+			if !json.Valid(out) && !bytes.Contains(out, []byte("event: message_stop\n")) {
+				t.Fatalf("200 that is neither JSON nor a complete stream: %q", out)
+			}
+			return
+		}
+		var e struct {
+			Type  string `json:"type"`
+			Error struct{ Type, Message string }
+		}
+		if json.Unmarshal(out, &e) != nil || e.Type != "error" || e.Error.Type == "" || e.Error.Message == "" {
+			t.Fatalf("status %d, not Anthropic's error shape: %s", rec.Code, out)
+		}
+	})
+}
