@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -226,4 +227,29 @@ func TestMessagesStreamCut(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "event: error\ndata: {\"error\":{") || strings.Contains(string(b), "message_stop") {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
+}
+
+// FuzzAnthropicWriter: whatever is written, the writer does not panic, and
+// a gateway error comes out in Anthropic's shape.
+func FuzzAnthropicWriter(f *testing.F) {
+	f.Add(429, []byte(`{"error":{"message":"x","type":"tokens"}}`))
+	f.Add(200, []byte(`data: {"error":{"message":"cut"}}`+"\n\n"))
+	f.Add(500, []byte(`{"error":{`))
+	f.Fuzz(func(t *testing.T, status int, b []byte) {
+		if status < 100 || status > 999 {
+			return
+		}
+		rec := httptest.NewRecorder()
+		w := &anthropicWriter{ResponseWriter: rec}
+		w.WriteHeader(status)
+		if n, err := w.Write(b); n != len(b) || err != nil {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+		if status >= 400 && bytes.HasPrefix(b, openaiErrorStart) && json.Valid(b) && rec.Body.String() != string(b) {
+			var e struct{ Type string }
+			if json.Unmarshal(rec.Body.Bytes(), &e) != nil || e.Type != "error" {
+				t.Fatalf("converted to %s", rec.Body)
+			}
+		}
+	})
 }

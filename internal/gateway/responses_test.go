@@ -184,3 +184,33 @@ func TestResponsesUnknownID(t *testing.T) {
 		}
 	}
 }
+
+// FuzzDecodeResponseID: any id a client sends decodes without panic, and
+// the ids the gateway makes decode back to their deployment and upstream
+// id, for their tenant only.
+func FuzzDecodeResponseID(f *testing.F) {
+	f.Add("resp_lg0123abcd_resp_x", "resp_abc")
+	f.Add("resp_lg", "")
+	f.Add("resp_lgzzzzzzzz_", "x_y")
+	g := &Gateway{}
+	for _, name := range []string{"sim/gpt-4.1", "sim#2/gpt-4.1"} {
+		g.deps = append(g.deps, newDeployment(&Deployment{Name: name, Provider: "sim", Model: "gpt-4.1"}))
+	}
+	a, b := &Tenant{Name: "a"}, &Tenant{Name: "b"}
+	f.Fuzz(func(t *testing.T, id, up string) {
+		_, _, _ = g.decodeResponseID(a, id)
+		if up == "" {
+			return
+		}
+		for _, d := range g.deps {
+			cid := clientResponseID(a, d, up)
+			got, gotUp, ok := g.decodeResponseID(a, cid)
+			if !ok || got != d || gotUp != up {
+				t.Fatalf("%q: decoded %v %q %v", cid, got, gotUp, ok)
+			}
+			if other, _, ok := g.decodeResponseID(b, cid); ok && other == d && responseTag("a", d.Name) != responseTag("b", d.Name) {
+				t.Fatalf("%q decoded for another tenant", cid)
+			}
+		}
+	})
+}
