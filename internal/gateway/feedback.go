@@ -96,7 +96,7 @@ const statusOverloaded = 529
 
 // dueToShare reports whether any limit in rep is due to be shared (most
 // responses: none, and no atomic write is made).
-func (d *deployment) dueToShare(rep [2]reportedLimit, now time.Time) bool {
+func (d *deployment) dueToShare(rep [learnedKinds]reportedLimit, now time.Time) bool {
 	for k, r := range rep {
 		if r.limit > 0 && d.shareDue(k, r.limit, now, false) {
 			return true
@@ -109,12 +109,12 @@ func (d *deployment) dueToShare(rep [2]reportedLimit, now time.Time) bool {
 // learnedTokens) with every replica: the shared bucket is held to it and
 // drops to what the provider says is left.
 func (g *Gateway) learn(ctx context.Context, d *deployment, k int, r reportedLimit) {
-	kind, label := ratelimit.Requests, "requests"
-	if k == learnedTokens {
-		kind, label = ratelimit.Tokens, "tokens"
+	kind, label := ratelimit.Tokens, [learnedKinds]string{"requests", "tokens", "input_tokens", "output_tokens"}[k]
+	if k == learnedRequests {
+		kind = ratelimit.Requests
 	}
 	lim := ratelimit.Limit{Kind: kind, Limit: d.charged(k, r.limit), Window: time.Minute}
-	err := g.opt.Limiter.Learn(ctx, d.scope, lim, ratelimit.Learned{Limit: r.limit, Remaining: r.remaining, TTL: learnTTL})
+	err := g.opt.Limiter.Learn(ctx, d.kindScope(k), lim, ratelimit.Learned{Limit: r.limit, Remaining: r.remaining, TTL: learnTTL})
 	if err != nil {
 		d.learned[k].sharedAt.Store(0) // again at the next report
 		g.log.Warn("could not share a provider's limit with other replicas", "deployment", d.Name, "kind", label, "limit", r.limit, "err", err)

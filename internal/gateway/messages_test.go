@@ -253,3 +253,29 @@ func FuzzAnthropicWriter(f *testing.F) {
 		}
 	})
 }
+
+// TestMessagesLearnsInputOutputLimits: a deployment without itpm/otpm
+// configured learns them from the anthropic-ratelimit-* headers.
+func TestMessagesLearnsInputOutputLimits(t *testing.T) {
+	h := anthropicHarness(t, sim.Config{ITPM: 20000, OTPM: 4000}, Limits{}, nil)
+	for i := range 3 {
+		resp := h.post("/v1/messages", "", `{"model":"`+claude+`","max_tokens":100,"messages":[{"role":"user","content":"hello `+strings.Repeat("x", i)+`"}]}`,
+			"x-api-key", tenantKey, "anthropic-version", "2023-06-01")
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+		if resp.Header.Get("Anthropic-Ratelimit-Output-Tokens-Limit") != "" {
+			t.Fatal("the provider's account limits were relayed to the client")
+		}
+	}
+	d := h.gw.byName["anthropic/"+claude]
+	now := time.Now()
+	if in, out := d.learned[learnedInput].get(now), d.learned[learnedOutput].get(now); in != 20000 || out != 4000 {
+		t.Fatalf("learned ITPM %d, OTPM %d; want 20000 and 4000", in, out)
+	}
+	if ch := d.ioCharges(nil, 10, 100); len(ch) != 2 || ch[0].Limit.Limit != 20000 || ch[1].Limit.Limit != 4000 || ch[1].Cost != 100 {
+		t.Fatalf("charges %+v", ch)
+	}
+}
