@@ -76,6 +76,26 @@ func DefaultPrices() PriceTable {
 		"claude-sonnet-4-0": {InputPerMTok: 3, CachedInputPerMTok: 0.30, OutputPerMTok: 15},
 		"claude-opus-4-1":   {InputPerMTok: 15, CachedInputPerMTok: 1.50, OutputPerMTok: 75},
 		"claude-3-5-haiku":  {InputPerMTok: 0.80, CachedInputPerMTok: 0.08, OutputPerMTok: 4},
+		// Anthropic, the 4.5 models (November 2025): both spellings, the
+		// API's ids use dashes. Cache writes (1.25x the input price) are
+		// charged as input.
+		"claude-sonnet-4-5": {InputPerMTok: 3, CachedInputPerMTok: 0.30, OutputPerMTok: 15},
+		"claude-sonnet-4.5": {InputPerMTok: 3, CachedInputPerMTok: 0.30, OutputPerMTok: 15},
+		"claude-haiku-4-5":  {InputPerMTok: 1, CachedInputPerMTok: 0.10, OutputPerMTok: 5},
+		"claude-haiku-4.5":  {InputPerMTok: 1, CachedInputPerMTok: 0.10, OutputPerMTok: 5},
+		"claude-opus-4-5":   {InputPerMTok: 5, CachedInputPerMTok: 0.50, OutputPerMTok: 25},
+		"claude-opus-4.5":   {InputPerMTok: 5, CachedInputPerMTok: 0.50, OutputPerMTok: 25},
+		// Google, https://ai.google.dev/gemini-api/docs/pricing (text
+		// input, prompts up to 200k tokens; November 2025).
+		"gemini-2.5-pro":        {InputPerMTok: 1.25, CachedInputPerMTok: 0.125, OutputPerMTok: 10},
+		"gemini-2.5-flash":      {InputPerMTok: 0.30, CachedInputPerMTok: 0.03, OutputPerMTok: 2.50},
+		"gemini-2.5-flash-lite": {InputPerMTok: 0.10, CachedInputPerMTok: 0.01, OutputPerMTok: 0.40},
+		// DeepSeek, https://api-docs.deepseek.com/quick_start/pricing
+		// (V3.2, November 2025): its API serves V3.2 as deepseek-chat and
+		// deepseek-reasoner, at one price.
+		"deepseek-v3.2":     {InputPerMTok: 0.28, CachedInputPerMTok: 0.028, OutputPerMTok: 0.42},
+		"deepseek-chat":     {InputPerMTok: 0.28, CachedInputPerMTok: 0.028, OutputPerMTok: 0.42},
+		"deepseek-reasoner": {InputPerMTok: 0.28, CachedInputPerMTok: 0.028, OutputPerMTok: 0.42},
 	}
 }
 

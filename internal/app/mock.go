@@ -29,7 +29,8 @@ const mockUsageText = `Usage:
   llmgate mock [flags]
 
 Runs the built-in simulated OpenAI-compatible provider: chat and legacy
-completions (JSON and SSE streaming), embeddings and models, with
+completions and the Responses API (JSON and SSE streaming), embeddings and
+models, Anthropic's Messages API and Azure OpenAI's deployment paths, with
 deterministic answers, configurable latency, RPM/TPM/concurrency limits
 answered with OpenAI's 429s, and fault injection. GET /stats reports what it served. It stops on SIGINT or
 SIGTERM, letting requests in flight finish for up to 5s. See docs/mock.md.
@@ -40,6 +41,8 @@ Flags:
   --tpm N                  tokens per minute per API key and model; a request costs
                            its prompt estimate plus max_tokens (default 0 = unlimited)
   --concurrency N          requests in flight per API key (default 0 = unlimited)
+  --itpm N, --otpm N       input and output tokens per minute per API key and model
+                           on /v1/messages, as Anthropic limits (default 0 = unlimited)
   --ttft D                 time to first token, e.g. 300ms (default 0)
   --token-delay D          delay between completion tokens, e.g. 20ms (default 0)
   --jitter F               scale each delay by a random factor in [1-F, 1+F] (default 0)
@@ -70,6 +73,8 @@ func parseMockArgs(args []string, getenv func(string) string) (mockConfig, error
 	fs.Int64Var(&c.sim.RPM, "rpm", 0, "")
 	fs.Int64Var(&c.sim.TPM, "tpm", 0, "")
 	fs.Int64Var(&c.sim.Concurrency, "concurrency", 0, "")
+	fs.Int64Var(&c.sim.ITPM, "itpm", 0, "")
+	fs.Int64Var(&c.sim.OTPM, "otpm", 0, "")
 	fs.Var(durationFlag{&c.sim.TTFT}, "ttft", "")
 	fs.Var(durationFlag{&c.sim.TokenDelay}, "token-delay", "")
 	fs.Float64Var(&c.sim.Jitter, "jitter", 0, "")
@@ -103,7 +108,7 @@ func parseMockArgs(args []string, getenv func(string) string) (mockConfig, error
 		for field, flagName := range map[string]string{
 			"sim: RPM": "--rpm", "sim: TPM": "--tpm", "sim: Concurrency": "--concurrency", "sim: TTFT": "--ttft",
 			"sim: TokenDelay": "--token-delay", "sim: Jitter": "--jitter", "sim: ErrorRate": "--error-rate",
-			"sim: DropRate": "--drop-rate", "sim: EmbeddingDimensions": "--dimensions",
+			"sim: DropRate": "--drop-rate", "sim: EmbeddingDimensions": "--dimensions", "sim: ITPM": "--itpm",
 		} {
 			msg = strings.ReplaceAll(msg, field+" is", flagName+" is")
 		}

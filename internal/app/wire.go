@@ -303,6 +303,7 @@ func (a *App) gatewayOptions(cfg *config.Config, st *stores, up *provider.Client
 	if cfg.MaxWait == 0 {
 		opt.Admission.MaxWait = -1 // configured as "never wait"
 	}
+	opt.PassThrough = gateway.PassThroughOptions{Provider: cfg.PassThrough.Provider, Unknown: cfg.PassThrough.UnknownRoutes == config.UnknownPass}
 	deps, err := cfg.Deployments(a.Getenv)
 	if err != nil {
 		return opt, err
@@ -313,10 +314,17 @@ func (a *App) gatewayOptions(cfg *config.Config, st *stores, up *provider.Client
 		if u, ok := simURL[d.Provider.Name]; ok {
 			base = u
 		}
+		target := provider.Target{Name: d.Name, BaseURL: base, APIKey: d.APIKey, Header: d.Header}
+		switch d.Provider.Type {
+		case config.TypeAnthropic:
+			target.Kind, target.APIVersion = provider.KindAnthropic, d.Provider.APIVersion
+		case config.TypeAzure:
+			target.Kind, target.APIVersion, target.AzureDeployment = provider.KindAzure, d.Provider.APIVersion, d.Provider.AzureDeployment(d.Model)
+		}
 		opt.Deployments = append(opt.Deployments, gateway.Deployment{
 			Name: d.Name, Provider: d.Provider.Name, Model: d.Model,
-			Target: provider.Target{Name: d.Name, BaseURL: base, APIKey: d.APIKey, Header: d.Header},
-			Limits: gateway.Limits{RPM: d.Limits.RPM, TPM: d.Limits.TPM, Concurrency: d.Limits.Concurrency},
+			Target: target,
+			Limits: gateway.Limits{RPM: d.Limits.RPM, TPM: d.Limits.TPM, Concurrency: d.Limits.Concurrency, ITPM: d.Limits.ITPM, OTPM: d.Limits.OTPM},
 		})
 		if !seenModel[d.Model] {
 			seenModel[d.Model] = true

@@ -132,7 +132,20 @@ const (
 	// TypeSimulated is the built-in simulated provider (internal/sim), run
 	// in-process.
 	TypeSimulated = "simulated"
+	// TypeAnthropic is Anthropic's API: x-api-key, anthropic-version,
+	// POST /v1/messages.
+	TypeAnthropic = "anthropic"
+	// TypeAzure is Azure OpenAI: api-key, deployment URLs, api-version.
+	TypeAzure = "azure"
 )
+
+// DefaultAnthropicBaseURL is the base_url of a type anthropic provider
+// that sets none.
+const DefaultAnthropicBaseURL = "https://api.anthropic.com/v1"
+
+// DefaultAnthropicVersion is the anthropic-version sent when the client
+// sends none and api_version is not set.
+const DefaultAnthropicVersion = "2023-06-01"
 
 // Tenant priorities.
 const (
@@ -204,6 +217,8 @@ type Config struct {
 	Cache Cache `yaml:"cache"`
 	// Tracing exports OpenTelemetry spans over OTLP; off by default.
 	Tracing Tracing `yaml:"tracing"`
+	// PassThrough says where the routes without a model go.
+	PassThrough PassThrough `yaml:"passthrough"`
 
 	// Source says where the configuration came from: the file's path or
 	// name for Load and Parse, SourceDefaultOpenAI or
@@ -367,7 +382,8 @@ type Provider struct {
 	// Name identifies the provider: lowercase letters, digits, '.', '_' and
 	// '-'. Required, unique.
 	Name string `yaml:"name"`
-	// Type is TypeOpenAI (default) or TypeSimulated.
+	// Type is TypeOpenAI (default), TypeAnthropic, TypeAzure or
+	// TypeSimulated.
 	Type string `yaml:"type"`
 	// BaseURL is the API's base, e.g. https://api.openai.com/v1 (trailing
 	// slashes removed). Required for type openai; not allowed for
@@ -394,8 +410,23 @@ type Provider struct {
 	// Headers are extra headers sent upstream (e.g. OpenAI-Organization).
 	// "${NAME}" in a value is replaced by the environment variable NAME.
 	Headers map[string]string `yaml:"headers"`
+	// APIVersion is the anthropic-version header for type anthropic
+	// (default DefaultAnthropicVersion; a client's own wins), and the
+	// api-version query parameter for type azure (required).
+	APIVersion string `yaml:"api_version"`
+	// Deployments maps a model to its Azure deployment name (type azure);
+	// a model not listed is deployed under its own name.
+	Deployments map[string]string `yaml:"deployments"`
 	// Simulated configures a TypeSimulated provider.
 	Simulated SimulatedProvider `yaml:"simulated"`
+}
+
+// AzureDeployment is the Azure deployment name model is served under.
+func (p *Provider) AzureDeployment(model string) string {
+	if d := p.Deployments[model]; d != "" {
+		return d
+	}
+	return model
 }
 
 // SimulatedProvider is what the in-process simulated provider enforces and
@@ -406,6 +437,8 @@ type SimulatedProvider struct {
 	RPM         int64         `yaml:"rpm"`         // per (key, model); 0 = no limit
 	TPM         int64         `yaml:"tpm"`         // per (key, model); 0 = no limit
 	Concurrency int64         `yaml:"concurrency"` // per key; 0 = no limit
+	ITPM        int64         `yaml:"itpm"`        // input tokens per (key, model) on /v1/messages; 0 = no limit
+	OTPM        int64         `yaml:"otpm"`        // output tokens per (key, model) on /v1/messages; 0 = no limit
 	TTFT        time.Duration `yaml:"ttft"`        // time to first token
 	TokenDelay  time.Duration `yaml:"token_delay"` // between completion tokens
 	Jitter      float64       `yaml:"jitter"`      // delays scaled by a random factor in [1-j, 1+j]
@@ -430,11 +463,28 @@ func (p *Provider) SimConfig() sim.Config {
 	s := p.Simulated
 	return sim.Config{
 		Models: chat, EmbeddingModels: emb,
-		RPM: s.RPM, TPM: s.TPM, Concurrency: s.Concurrency,
+		RPM: s.RPM, TPM: s.TPM, Concurrency: s.Concurrency, ITPM: s.ITPM, OTPM: s.OTPM,
 		TTFT: s.TTFT, TokenDelay: s.TokenDelay, Jitter: s.Jitter,
 		ErrorRate: s.ErrorRate, DropRate: s.DropRate, Seed: s.Seed,
 	}
 }
+
+// PassThrough configures the routes passed to a provider as they are
+// (files, batches, and unknown /v1/ routes, which carry no model).
+type PassThrough struct {
+	// Provider names the provider (type openai or simulated) whose first
+	// deployment takes them. Default: the first such provider.
+	Provider string `yaml:"provider"`
+	// UnknownRoutes is UnknownNotFound (default: a 404 in OpenAI's shape)
+	// or UnknownPass (passed to that provider).
+	UnknownRoutes string `yaml:"unknown_routes"`
+}
+
+// PassThrough.UnknownRoutes values.
+const (
+	UnknownNotFound = "not_found"
+	UnknownPass     = "pass"
+)
 
 // Alias is a model name clients send that routes to provider/model targets.
 type Alias struct {
@@ -721,10 +771,15 @@ func (c *Config) SetDefaults(getenv func(string) string) {
 	}
 	setDuration(&c.Cache.MaxTTL, DefaultCacheMaxTTL)
 	setDuration(&c.Sessions.TTL, DefaultSessionTTL)
+	setString(&c.PassThrough.UnknownRoutes, UnknownNotFound)
 
 	for i := range c.Providers {
 		p := &c.Providers[i]
 		setString(&p.Type, TypeOpenAI)
+		if p.Type == TypeAnthropic {
+			setString(&p.BaseURL, DefaultAnthropicBaseURL)
+			setString(&p.APIVersion, DefaultAnthropicVersion)
+		}
 		// The gateway appends "/chat/completions" and the like.
 		p.BaseURL = strings.TrimRight(p.BaseURL, "/")
 	}

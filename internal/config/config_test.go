@@ -205,11 +205,11 @@ func TestSyntaxErrors(t *testing.T) {
 		want       []string
 	}{
 		{"unknown top-level key", providerBlock + "listne: 1", []string{
-			"line 7: listne: unknown key; known keys: listen, http_server, server, store, state_dir, admin_token_env, metrics_token_env, max_body_bytes, max_wait, request_timeout, log, upstream, providers, models, tenants, prices, budget, ratelimit, sessions, dedup, cache, tracing"}},
+			"line 7: listne: unknown key; known keys: listen, http_server, server, store, state_dir, admin_token_env, metrics_token_env, max_body_bytes, max_wait, request_timeout, log, upstream, providers, models, tenants, prices, budget, ratelimit, sessions, dedup, cache, tracing, passthrough"}},
 		{"unknown nested key", "providers:\n  - name: a\n    base_urll: x", []string{
-			"line 3: providers[0].base_urll: unknown key; known keys: name, type, base_url, api_key_env, api_key_envs, api_key_file, models, limits, model_limits, headers, simulated"}},
+			"line 3: providers[0].base_urll: unknown key; known keys: name, type, base_url, api_key_env, api_key_envs, api_key_file, models, limits, model_limits, headers, api_version, deployments, simulated"}},
 		{"unknown limits key", "providers: [{name: a, limits: {rpm: 1, rps: 2}}]", []string{
-			"line 1: providers[0].limits.rps: unknown key; known keys: rpm, tpm, concurrency"}},
+			"line 1: providers[0].limits.rps: unknown key; known keys: rpm, tpm, concurrency, itpm, otpm"}},
 		{"unknown price key", "prices: {m: {input: 1}}", []string{
 			"line 1: prices.m.input: unknown key; known keys: input_per_mtok, output_per_mtok, cached_input_per_mtok"}},
 		{"key written twice", "listen: a\nlisten: b", []string{"line 2: listen: written twice (first at line 1); keep one"}},
@@ -222,7 +222,7 @@ func TestSyntaxErrors(t *testing.T) {
 		{"scalar for a list", "providers: openai", []string{"line 1: providers: got \"openai\", want a list"}},
 		{"list for a mapping", "log: [a]", []string{"line 1: log: got a list, want a mapping with keys level, format, access"}},
 		{"mapping for a string", "listen: {a: 1}", []string{"line 1: listen: got a mapping, want a string"}},
-		{"list for limits", "providers:\n  - limits:\n      - 1", []string{"line 3: providers[0].limits: got a list, want a mapping with keys rpm, tpm, concurrency"}},
+		{"list for limits", "providers:\n  - limits:\n      - 1", []string{"line 3: providers[0].limits: got a list, want a mapping with keys rpm, tpm, concurrency, itpm, otpm"}},
 		{"not a mapping", "just text", []string{"line 1: got text, want a mapping of settings (listen:, providers:, ...); see docs/config.md"}},
 		{"bad size", "max_body_bytes: 8 MB/s", []string{"line 1: max_body_bytes: size \"8 MB/s\": want a whole number of bytes, optionally with a unit: B, KB, MB, GB (powers of 1000) or KiB, MiB, GiB (powers of 1024), e.g. 8MiB"}},
 		{"negative size", "max_body_bytes: -1", []string{"line 1: max_body_bytes: size -1 is negative; want a whole number of bytes, optionally with a unit: B, KB, MB, GB (powers of 1000) or KiB, MiB, GiB (powers of 1024), e.g. 8MiB"}},

@@ -99,6 +99,10 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string, extra ...strin
 		switch prov.Type {
 		case TypeSimulated:
 			p("  %s: simulated, in-process%s\n", prov.Name, describeSim(prov.Simulated))
+		case TypeAnthropic:
+			p("  %s: Anthropic API at %s (anthropic-version %s)\n", prov.Name, storeurl.Redact(prov.BaseURL), prov.APIVersion)
+		case TypeAzure:
+			p("  %s: Azure OpenAI at %s (api-version %s)\n", prov.Name, storeurl.Redact(prov.BaseURL), prov.APIVersion)
 		default:
 			p("  %s: OpenAI-compatible API at %s\n", prov.Name, storeurl.Redact(prov.BaseURL))
 		}

@@ -14,6 +14,10 @@ type Limits struct {
 	TPM int64 `yaml:"tpm"`
 	// Concurrency is requests in flight at once.
 	Concurrency int64 `yaml:"concurrency"`
+	// ITPM and OTPM are input (prompt) and output (completion) tokens per
+	// minute, as Anthropic sets its limits.
+	ITPM int64 `yaml:"itpm"`
+	OTPM int64 `yaml:"otpm"`
 
 	// set records which fields the YAML wrote, so that a model_limits
 	// entry can lift a limit by writing 0. Values built in Go leave it
@@ -28,6 +32,8 @@ const (
 	fieldRPM limitField = 1 << iota
 	fieldTPM
 	fieldConcurrency
+	fieldITPM
+	fieldOTPM
 )
 
 // limitKeys maps YAML keys to their field, in the order messages list them.
@@ -39,6 +45,8 @@ var limitKeys = []struct {
 	{"rpm", fieldRPM, func(l *Limits) *int64 { return &l.RPM }},
 	{"tpm", fieldTPM, func(l *Limits) *int64 { return &l.TPM }},
 	{"concurrency", fieldConcurrency, func(l *Limits) *int64 { return &l.Concurrency }},
+	{"itpm", fieldITPM, func(l *Limits) *int64 { return &l.ITPM }},
+	{"otpm", fieldOTPM, func(l *Limits) *int64 { return &l.OTPM }},
 }
 
 // Override returns l with the fields that o sets replaced by o's values. A

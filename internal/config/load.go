@@ -254,7 +254,7 @@ func wantFor(goType string) string {
 var yamlKeys = func() map[string][]string {
 	m := map[string][]string{}
 	for _, v := range []any{Config{}, Log{}, Upstream{}, Breaker{}, Timeout{}, Provider{}, SimulatedProvider{},
-		Limits{}, Alias{}, Tenant{}, TenantBudget{}, BudgetStore{}, RateLimitStore{}, Sessions{}, Dedup{}, Cache{}, TenantCache{}, budget.Price{}} {
+		Limits{}, Alias{}, Tenant{}, TenantBudget{}, BudgetStore{}, RateLimitStore{}, Sessions{}, Dedup{}, Cache{}, TenantCache{}, budget.Price{}, PassThrough{}} {
 		t := reflect.TypeOf(v)
 		var keys []string
 		for i := range t.NumField() {

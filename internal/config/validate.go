@@ -90,6 +90,7 @@ func (c *Config) Validate(getenv func(string) string) error {
 	v.tenants()
 	v.prices()
 	v.tracing()
+	v.passThrough()
 	if getenv != nil {
 		v.secrets(getenv)
 	}
@@ -320,7 +321,7 @@ func (v *validator) providers() {
 			"a short name such as openai, used in targets (openai/gpt-4o), limits and metrics",
 			"lowercase letters, digits, '.', '_' or '-', starting with a letter or digit")
 		switch p.Type {
-		case TypeOpenAI:
+		case TypeOpenAI, TypeAnthropic, TypeAzure:
 			v.baseURL(at+".base_url", p.BaseURL)
 			if p.Simulated != (SimulatedProvider{}) {
 				v.add(at+".simulated", "only for type simulated; remove it, or set type: simulated")
@@ -331,7 +332,26 @@ func (v *validator) providers() {
 			}
 			v.simulated(at+".simulated", p.Simulated)
 		default:
-			v.add(at+".type", "%s is not a provider type; use openai (any OpenAI-compatible API) or simulated (the built-in simulator)", quote(p.Type))
+			v.add(at+".type", "%s is not a provider type; use openai (any OpenAI-compatible API), anthropic, azure (Azure OpenAI) or simulated (the built-in simulator)", quote(p.Type))
+		}
+		switch {
+		case p.Type == TypeAzure && p.APIVersion == "":
+			v.add(at+".api_version", "required for type azure: the api-version of your Azure OpenAI resource, e.g. 2024-10-21")
+		case p.Type != TypeAzure && p.Type != TypeAnthropic && p.APIVersion != "":
+			v.add(at+".api_version", "only for types anthropic and azure; remove it")
+		case strings.ContainsAny(p.APIVersion, "\r\n\x00&#?/ "):
+			v.add(at+".api_version", "%s is not a version (e.g. 2024-10-21)", quote(p.APIVersion))
+		}
+		if len(p.Deployments) > 0 && p.Type != TypeAzure {
+			v.add(at+".deployments", "only for type azure; remove it")
+		}
+		for _, m := range slices.Sorted(maps.Keys(p.Deployments)) {
+			if !slices.Contains(p.Models, m) {
+				v.add(at+".deployments."+m, "%s is not in %s.models; add it there or remove this entry", quote(m), at)
+			}
+			if d := p.Deployments[m]; d == "" || strings.ContainsAny(d, "/?#\r\n\x00") {
+				v.add(at+".deployments."+m, "%s is not an Azure deployment name", quote(d))
+			}
 		}
 		v.providerKeys(at, p)
 
@@ -418,7 +438,7 @@ func (v *validator) simulated(path string, s SimulatedProvider) {
 	for _, f := range []struct {
 		key string
 		n   int64
-	}{{"rpm", s.RPM}, {"tpm", s.TPM}, {"concurrency", s.Concurrency}} {
+	}{{"rpm", s.RPM}, {"tpm", s.TPM}, {"concurrency", s.Concurrency}, {"itpm", s.ITPM}, {"otpm", s.OTPM}} {
 		if f.n < 0 {
 			v.add(path+"."+f.key, "is %d; must be >= 0 (0 = no limit)", f.n)
 		}
@@ -476,6 +496,38 @@ func (v *validator) limits(path string, l Limits) {
 		case n > MaxLimit:
 			v.add(path+"."+k.key, "is %d, above the maximum %d", n, int64(MaxLimit))
 		}
+	}
+}
+
+func (v *validator) passThrough() {
+	pt := v.c.PassThrough
+	switch pt.UnknownRoutes {
+	case UnknownNotFound, UnknownPass:
+	default:
+		v.add("passthrough.unknown_routes", "%s: use not_found (a 404 in OpenAI's shape) or pass (to passthrough.provider)", quote(pt.UnknownRoutes))
+	}
+	if pt.Provider == "" {
+		return
+	}
+	for _, p := range v.c.Providers {
+		if p.Name == pt.Provider {
+			if p.Type != TypeOpenAI && p.Type != TypeSimulated {
+				v.add("passthrough.provider", "%s is of type %s; routes without a model go to a provider of type openai or simulated", quote(p.Name), p.Type)
+			}
+			return
+		}
+	}
+	v.add("passthrough.provider", "there is no provider named %s", quote(pt.Provider))
+}
+
+// providerOnly refuses the limits only a provider's quota has: a tenant's
+// tokens are limited with tpm.
+func (v *validator) providerOnly(path string, l Limits) {
+	if l.ITPM != 0 {
+		v.add(path+".itpm", "only for providers (Anthropic's input tokens per minute); limit a tenant's tokens with tpm")
+	}
+	if l.OTPM != 0 {
+		v.add(path+".otpm", "only for providers (Anthropic's output tokens per minute); limit a tenant's tokens with tpm")
 	}
 }
 
@@ -575,6 +627,7 @@ func (v *validator) tenants() {
 			}
 		}
 		v.limits(at+".limits", t.Limits)
+		v.providerOnly(at+".limits", t.Limits)
 		for _, m := range slices.Sorted(maps.Keys(t.ModelLimits)) {
 			mp := at + ".model_limits." + m
 			if _, ok := c.Targets(m); !ok {
@@ -583,6 +636,7 @@ func (v *validator) tenants() {
 				v.add(mp, "%s is not in %s.models, so this limit would never apply; add it there or remove this entry", quote(m), at)
 			}
 			v.limits(mp, t.ModelLimits[m])
+			v.providerOnly(mp, t.ModelLimits[m])
 		}
 		if t.Budget != nil {
 			v.budget(at+".budget", t.Budget)
@@ -710,7 +764,7 @@ func (c *Config) Warnings() []string {
 	}
 	for i := range c.Providers {
 		p := &c.Providers[i]
-		if p.Type != TypeOpenAI {
+		if p.Type == TypeSimulated {
 			continue
 		}
 		u, err := url.Parse(p.BaseURL)

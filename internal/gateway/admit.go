@@ -125,8 +125,9 @@ func (g *Gateway) chargesFor(c *call, dep *deployment) []ratelimit.Charge {
 	tok := c.tokenEstimate()
 	t := c.tenant
 	ml := t.ModelLimits[c.req.Model]
-	ch := make([]ratelimit.Charge, 0, 4+t.Limits.count()+ml.count()) // at most 4 on the deployment (with slow start)
+	ch := make([]ratelimit.Charge, 0, 6+t.Limits.count()+ml.count()) // at most 6 on the deployment (with slow start)
 	ch = dep.charges(ch, tok)
+	ch = dep.ioCharges(ch, c.promptEstimate, c.completionEstimate)
 	if t.Limits.any() { // the scope is made only when it is charged
 		ch = appendCharges(ch, "tenant:"+t.Name, t.Limits, tok)
 	}

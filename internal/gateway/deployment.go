@@ -13,6 +13,9 @@ import (
 type deployment struct {
 	*Deployment
 	scope string // rate-limit scope
+	// inScope and outScope are the scopes of the input and output tokens
+	// limits (ITPM, OTPM).
+	inScope, outScope string
 	// nameHeader is the X-Llmgate-Deployment value, made once: header
 	// values are only read once set (by servers, transports and us).
 	nameHeader []string
@@ -28,7 +31,7 @@ type deployment struct {
 	// lower of them and the configured limits; the ones below the
 	// configuration are also shared with every replica through the limiter
 	// (ratelimit.Limiter.Learn), which holds them for learnTTL.
-	learned [2]learnedLimit
+	learned [learnedKinds]learnedLimit
 	// sharing is set while learned limits are being shared outside a 429.
 	sharing atomic.Bool
 	// slowStart is how many requests may be in flight on the deployment,
@@ -44,6 +47,12 @@ type deployment struct {
 const (
 	learnedRequests = iota
 	learnedTokens
+	// learnedInput and learnedOutput are Anthropic's input and output
+	// tokens per minute (anthropic-ratelimit-{input,output}-tokens-*),
+	// on the deployment's inScope and outScope.
+	learnedInput
+	learnedOutput
+	learnedKinds
 )
 
 // learnTTL is how long a limit the provider reported holds, here and in the
@@ -79,8 +88,9 @@ type reportedLimit struct {
 // response reported: the x-ratelimit-* headers, or else what a 429's
 // message said about the limit it hit (a per-day one is not a per-minute
 // one: it is left out).
-func providerLimits(f provider.Feedback) [2]reportedLimit {
-	out := [2]reportedLimit{{f.LimitRequests, f.RemainingRequests}, {f.LimitTokens, f.RemainingTokens}}
+func providerLimits(f provider.Feedback) [learnedKinds]reportedLimit {
+	out := [learnedKinds]reportedLimit{{f.LimitRequests, f.RemainingRequests}, {f.LimitTokens, f.RemainingTokens},
+		{f.LimitInputTokens, f.RemainingInputTokens}, {f.LimitOutputTokens, f.RemainingOutputTokens}}
 	r := f.Reported
 	if r.Limit <= 0 || r.Window != time.Minute {
 		return out
@@ -104,6 +114,7 @@ func providerLimits(f provider.Feedback) [2]reportedLimit {
 
 func newDeployment(d *Deployment, slowStart int64) *deployment {
 	dep := &deployment{Deployment: d, scope: "dep:" + d.Name, nameHeader: []string{d.Name}, slowStartOver: make(chan struct{})}
+	dep.inScope, dep.outScope = dep.scope+"#input", dep.scope+"#output"
 	dep.headroom.Store(1e6)
 	if slowStart > 0 {
 		dep.slowStart.Store(slowStart)
@@ -172,7 +183,7 @@ func lowest(a, b int64) int64 {
 
 // learnProvider records the limits and remaining quota the provider itself
 // reported, by kind.
-func (d *deployment) learnProvider(rep [2]reportedLimit, now time.Time) {
+func (d *deployment) learnProvider(rep [learnedKinds]reportedLimit, now time.Time) {
 	h := int64(1e6)
 	seen := false
 	for k, r := range rep {
@@ -198,10 +209,26 @@ func (d *deployment) learnProvider(rep [2]reportedLimit, now time.Time) {
 // configured returns the deployment's limit of kind k as configured (0:
 // none).
 func (d *deployment) configured(k int) int64 {
-	if k == learnedRequests {
+	switch k {
+	case learnedRequests:
 		return d.Limits.RPM
+	case learnedInput:
+		return d.Limits.ITPM
+	case learnedOutput:
+		return d.Limits.OTPM
 	}
 	return d.Limits.TPM
+}
+
+// kindScope is the rate-limit scope of the deployment's limits of kind k.
+func (d *deployment) kindScope(k int) string {
+	switch k {
+	case learnedInput:
+		return d.inScope
+	case learnedOutput:
+		return d.outScope
+	}
+	return d.scope
 }
 
 // shareDue reports whether a reported limit v of kind k should be shared
@@ -244,6 +271,31 @@ func (d *deployment) charged(k int, reported int64) int64 {
 // pass through its scope so that a provider's 429 cooldown (which blocks a
 // scope) holds back every replica even when no quota is configured.
 const unlimitedRPM = 1 << 40
+
+// ioCharges appends the deployment's input and output tokens limits
+// (ITPM, OTPM) as charges of a request of prompt and completion tokens.
+func (d *deployment) ioCharges(dst []ratelimit.Charge, prompt, completion int64) []ratelimit.Charge {
+	in, out := d.Limits.ITPM, d.Limits.OTPM
+	if d.learned[learnedInput].limit.Load() > 0 || d.learned[learnedOutput].limit.Load() > 0 {
+		now := time.Now()
+		in, out = lowest(in, d.learned[learnedInput].get(now)), lowest(out, d.learned[learnedOutput].get(now))
+	}
+	for _, io := range [2]struct {
+		scope       string
+		limit, cost int64
+	}{{d.inScope, in, prompt}, {d.outScope, out, completion}} {
+		if io.limit > 0 {
+			dst = append(dst, ratelimit.Charge{Scope: io.scope, Limit: ratelimit.Limit{Kind: ratelimit.Tokens, Limit: io.limit, Window: time.Minute},
+				Cost: min(max(io.cost, 1), io.limit)})
+		}
+	}
+	return dst
+}
+
+// ownScope reports whether scope is one of the deployment's.
+func (d *deployment) ownScope(scope string) bool {
+	return scope == d.scope || scope == d.inScope || scope == d.outScope
+}
 
 // charges returns the deployment's limits as charges of a request costing
 // tokens.

@@ -3,6 +3,7 @@ package gateway
 import (
 	"sync"
 
+	"github.com/llmgate/llmgate/internal/jsonscan"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/tokens"
 )
@@ -83,6 +84,10 @@ func (g *Gateway) estimate(c *call) {
 	switch req.Endpoint {
 	case openai.ChatCompletions:
 		c.promptEstimate = int64(tokens.Chat(req.Model, req.Messages, req.Tools))
+	case openai.Responses:
+		c.promptEstimate = responsesPrompt(req)
+	case openai.Messages:
+		c.promptEstimate = messagesPrompt(req)
 	default:
 		c.promptEstimate = int64(tokens.Input(req.Model, req.Input))
 	}
@@ -114,8 +119,43 @@ func (g *Gateway) estimateCompletion(c *call) {
 // stream says nothing about how long answers are.
 func (g *Gateway) learnCompletion(c *call, usage *openai.Usage) {
 	req := c.req
-	if usage == nil || req.MaxTokens > 0 || req.Endpoint != openai.ChatCompletions || c.outcome != "ok" {
+	if usage == nil || req.MaxTokens > 0 || (req.Endpoint != openai.ChatCompletions && req.Endpoint != openai.Responses) || c.outcome != "ok" {
 		return
 	}
 	g.estimates.observe(c.tenant.Name, req.Model, (usage.CompletionTokens+req.N-1)/req.N)
+}
+
+// responsesPrompt estimates a Responses request's input: its instructions
+// and its input, a string or items in the chat format (message items count
+// as chat messages). A continuation's earlier turns, which the provider
+// reads again, are not known here: the settle corrects them.
+func responsesPrompt(req *openai.Request) int64 {
+	n := 0
+	if s, ok := jsonscan.String(req.Instructions); ok {
+		n += tokens.Text(req.Model, s) + 4 // a system message's wrapping
+	}
+	in := jsonscan.TrimSpace(req.Input)
+	switch {
+	case len(in) > 0 && in[0] == '[':
+		n += tokens.Chat(req.Model, in, req.Tools)
+	case len(in) > 0:
+		n += tokens.Input(req.Model, in) + 7 // one user message and the reply's priming
+	}
+	return int64(n)
+}
+
+// messagesPrompt estimates a Messages request's input: its messages and
+// tools counted as chat messages with OpenAI's encodings, and its system
+// prompt. Anthropic's tokenizer is not public: this is an approximation
+// (see docs/gateway.md for its measured error).
+func messagesPrompt(req *openai.Request) int64 {
+	n := tokens.Chat(req.Model, req.Messages, req.Tools)
+	if sys := jsonscan.TrimSpace(req.Instructions); len(sys) > 0 {
+		if s, ok := jsonscan.String(sys); ok {
+			n += tokens.Text(req.Model, s) + 4
+		} else {
+			n += tokens.Input(req.Model, sys) + 4 // text blocks
+		}
+	}
+	return int64(n)
 }

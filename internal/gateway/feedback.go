@@ -31,8 +31,11 @@ func (g *Gateway) Feedback(t *provider.Target, f provider.Feedback) {
 	now := time.Now()
 	rep := providerLimits(f)
 	d.learnProvider(rep, now)
-	if f.Status == 429 {
-		g.metrics.feedback429.WithLabelValues(d.Name).Inc()
+	if f.Status == 429 || f.Status == statusOverloaded {
+		// Anthropic's 529 (overloaded) asks everyone to back off too.
+		if f.Status == 429 {
+			g.metrics.feedback429.WithLabelValues(d.Name).Inc()
+		}
 		wait := f.RetryAfter
 		if wait <= 0 {
 			wait = defaultCooldown
@@ -74,16 +77,26 @@ func (g *Gateway) Feedback(t *provider.Target, f provider.Feedback) {
 	// is when its count matters, and it keeps the hot path free of store
 	// calls the rest of the time.
 	if d.Limits.RPM > 0 && f.RemainingRequests >= 0 && f.LimitRequests > 0 && f.RemainingRequests*10 < f.LimitRequests {
-		g.observe(d, ratelimit.Limit{Kind: ratelimit.Requests, Limit: d.Limits.RPM, Window: time.Minute}, f.RemainingRequests)
+		g.observe(d, d.scope, ratelimit.Limit{Kind: ratelimit.Requests, Limit: d.Limits.RPM, Window: time.Minute}, f.RemainingRequests)
 	}
 	if d.Limits.TPM > 0 && f.RemainingTokens >= 0 && f.LimitTokens > 0 && f.RemainingTokens*10 < f.LimitTokens {
-		g.observe(d, ratelimit.Limit{Kind: ratelimit.Tokens, Limit: d.Limits.TPM, Window: time.Minute}, f.RemainingTokens)
+		g.observe(d, d.scope, ratelimit.Limit{Kind: ratelimit.Tokens, Limit: d.Limits.TPM, Window: time.Minute}, f.RemainingTokens)
+	}
+	// Anthropic's input and output tokens per minute, on their scopes.
+	if d.Limits.ITPM > 0 && f.RemainingInputTokens >= 0 && f.LimitInputTokens > 0 && f.RemainingInputTokens*10 < f.LimitInputTokens {
+		g.observe(d, d.inScope, ratelimit.Limit{Kind: ratelimit.Tokens, Limit: d.Limits.ITPM, Window: time.Minute}, f.RemainingInputTokens)
+	}
+	if d.Limits.OTPM > 0 && f.RemainingOutputTokens >= 0 && f.LimitOutputTokens > 0 && f.RemainingOutputTokens*10 < f.LimitOutputTokens {
+		g.observe(d, d.outScope, ratelimit.Limit{Kind: ratelimit.Tokens, Limit: d.Limits.OTPM, Window: time.Minute}, f.RemainingOutputTokens)
 	}
 }
 
+// statusOverloaded is Anthropic's 529.
+const statusOverloaded = 529
+
 // dueToShare reports whether any limit in rep is due to be shared (most
 // responses: none, and no atomic write is made).
-func (d *deployment) dueToShare(rep [2]reportedLimit, now time.Time) bool {
+func (d *deployment) dueToShare(rep [learnedKinds]reportedLimit, now time.Time) bool {
 	for k, r := range rep {
 		if r.limit > 0 && d.shareDue(k, r.limit, now, false) {
 			return true
@@ -96,12 +109,12 @@ func (d *deployment) dueToShare(rep [2]reportedLimit, now time.Time) bool {
 // learnedTokens) with every replica: the shared bucket is held to it and
 // drops to what the provider says is left.
 func (g *Gateway) learn(ctx context.Context, d *deployment, k int, r reportedLimit) {
-	kind, label := ratelimit.Requests, "requests"
-	if k == learnedTokens {
-		kind, label = ratelimit.Tokens, "tokens"
+	kind, label := ratelimit.Tokens, [learnedKinds]string{"requests", "tokens", "input_tokens", "output_tokens"}[k]
+	if k == learnedRequests {
+		kind = ratelimit.Requests
 	}
 	lim := ratelimit.Limit{Kind: kind, Limit: d.charged(k, r.limit), Window: time.Minute}
-	err := g.opt.Limiter.Learn(ctx, d.scope, lim, ratelimit.Learned{Limit: r.limit, Remaining: r.remaining, TTL: learnTTL})
+	err := g.opt.Limiter.Learn(ctx, d.kindScope(k), lim, ratelimit.Learned{Limit: r.limit, Remaining: r.remaining, TTL: learnTTL})
 	if err != nil {
 		d.learned[k].sharedAt.Store(0) // again at the next report
 		g.log.Warn("could not share a provider's limit with other replicas", "deployment", d.Name, "kind", label, "limit", r.limit, "err", err)
@@ -111,13 +124,13 @@ func (g *Gateway) learn(ctx context.Context, d *deployment, k int, r reportedLim
 	g.log.Debug("provider limit shared with every replica", "deployment", d.Name, "kind", label, "limit", r.limit, "remaining", r.remaining)
 }
 
-func (g *Gateway) observe(d *deployment, l ratelimit.Limit, remaining int64) {
+func (g *Gateway) observe(d *deployment, scope string, l ratelimit.Limit, remaining int64) {
 	if !d.observing.CompareAndSwap(false, true) {
 		return // one report in flight per deployment is enough
 	}
 	g.workers.run(feedbackTimeout, func(ctx context.Context) {
 		defer d.observing.Store(false)
-		if err := g.opt.Limiter.Observe(ctx, d.scope, l, remaining); err != nil {
+		if err := g.opt.Limiter.Observe(ctx, scope, l, remaining); err != nil {
 			g.log.Warn("could not share a provider's remaining quota", "deployment", d.Name, "err", err)
 		}
 	})

@@ -163,6 +163,13 @@ func (g *Gateway) routes() {
 	mux.HandleFunc("POST /v1/chat/completions", g.serveChat)
 	mux.HandleFunc("POST /v1/completions", g.serveCompletions)
 	mux.HandleFunc("POST /v1/embeddings", g.serveEmbeddings)
+	mux.HandleFunc("POST /v1/messages", g.serveMessages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", g.serveCountTokens)
+	mux.HandleFunc("POST /v1/responses", g.serveResponses)
+	mux.HandleFunc("GET /v1/responses/{id}", g.serveResponseByID)
+	mux.HandleFunc("DELETE /v1/responses/{id}", g.serveResponseByID)
+	mux.HandleFunc("GET /v1/responses/{id}/input_items", g.serveResponseByID)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", g.serveResponseByID)
 	mux.HandleFunc("GET /v1/models", g.serveModels)
 	mux.HandleFunc("GET /v1/models/{model...}", g.serveModel)
 	mux.HandleFunc("GET /healthz", g.serveHealth)
@@ -175,7 +182,8 @@ func (g *Gateway) routes() {
 		mux.HandleFunc("/admin/tenants", g.admin(h.ServeHTTP))
 		mux.HandleFunc("/admin/tenants/", g.admin(h.ServeHTTP))
 	}
-	mux.HandleFunc("/", g.serveNotFound)
+	g.passRoutes(mux)
+	mux.HandleFunc("/", g.serveUnknown)
 	g.mux = mux
 }
 

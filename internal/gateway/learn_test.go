@@ -154,7 +154,8 @@ func TestLearnedLimitFrom429PacesEveryReplica(t *testing.T) {
 }
 
 func TestProviderLimits(t *testing.T) {
-	none := provider.Feedback{LimitRequests: -1, RemainingRequests: -1, LimitTokens: -1, RemainingTokens: -1}
+	none := provider.Feedback{LimitRequests: -1, RemainingRequests: -1, LimitTokens: -1, RemainingTokens: -1,
+		LimitInputTokens: -1, RemainingInputTokens: -1, LimitOutputTokens: -1, RemainingOutputTokens: -1}
 	with := func(f func(*provider.Feedback)) provider.Feedback {
 		fb := none
 		f(&fb)
@@ -166,27 +167,30 @@ func TestProviderLimits(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		f    provider.Feedback
-		want [2]reportedLimit
+		want [learnedKinds]reportedLimit
 	}{
-		{"nothing", none, [2]reportedLimit{{-1, -1}, {-1, -1}}},
+		{"nothing", none, [learnedKinds]reportedLimit{{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}}},
 		{"headers", with(func(f *provider.Feedback) {
 			f.LimitRequests, f.RemainingRequests, f.LimitTokens, f.RemainingTokens = 500, 499, 30000, 29000
-		}), [2]reportedLimit{{500, 499}, {30000, 29000}}},
+		}), [learnedKinds]reportedLimit{{500, 499}, {30000, 29000}, {-1, -1}, {-1, -1}}},
 		{"429 message, RPM", with(func(f *provider.Feedback) { f.Reported = minute("requests", 5, 5) }),
-			[2]reportedLimit{{5, 0}, {-1, -1}}},
+			[learnedKinds]reportedLimit{{5, 0}, {-1, -1}, {-1, -1}, {-1, -1}}},
 		{"429 message, TPM", with(func(f *provider.Feedback) { f.Reported = minute("tokens", 100, 96) }),
-			[2]reportedLimit{{-1, -1}, {100, 4}}},
+			[learnedKinds]reportedLimit{{-1, -1}, {100, 4}, {-1, -1}, {-1, -1}}},
 		{"429 message without Used", with(func(f *provider.Feedback) { f.Reported = minute("tokens", 100, -1) }),
-			[2]reportedLimit{{-1, -1}, {100, -1}}},
+			[learnedKinds]reportedLimit{{-1, -1}, {100, -1}, {-1, -1}, {-1, -1}}},
 		{"used above the limit", with(func(f *provider.Feedback) { f.Reported = minute("requests", 5, 7) }),
-			[2]reportedLimit{{5, 0}, {-1, -1}}},
+			[learnedKinds]reportedLimit{{5, 0}, {-1, -1}, {-1, -1}, {-1, -1}}},
 		{"headers win over the message", with(func(f *provider.Feedback) {
 			f.LimitRequests, f.RemainingRequests = 6, 1
 			f.Reported = minute("requests", 5, 5)
-		}), [2]reportedLimit{{6, 1}, {-1, -1}}},
+		}), [learnedKinds]reportedLimit{{6, 1}, {-1, -1}, {-1, -1}, {-1, -1}}},
+		{"anthropic input and output", with(func(f *provider.Feedback) {
+			f.LimitInputTokens, f.RemainingInputTokens, f.LimitOutputTokens, f.RemainingOutputTokens = 30000, 100, 8000, 7000
+		}), [learnedKinds]reportedLimit{{-1, -1}, {-1, -1}, {30000, 100}, {8000, 7000}}},
 		{"a per-day limit is not a per-minute one", with(func(f *provider.Feedback) {
 			f.Reported = provider.LimitReport{Kind: "requests", Window: 24 * time.Hour, Limit: 200, Used: 200, Requested: 1}
-		}), [2]reportedLimit{{-1, -1}, {-1, -1}}},
+		}), [learnedKinds]reportedLimit{{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := providerLimits(tc.f); got != tc.want {
@@ -236,7 +240,7 @@ func TestShareDue(t *testing.T) {
 func TestLearnedLimitExpires(t *testing.T) {
 	d := newDeployment(&Deployment{Name: "x", Limits: Limits{RPM: 100, TPM: 10_000}}, 0)
 	now := time.Now()
-	d.learnProvider([2]reportedLimit{{5, 0}, {-1, -1}}, now)
+	d.learnProvider([learnedKinds]reportedLimit{{5, 0}, {-1, -1}, {-1, -1}, {-1, -1}}, now)
 	ch := d.charges(nil, 10)
 	if len(ch) != 2 || ch[0].Limit.Limit != 5 || ch[1].Limit.Limit != 10_000 {
 		t.Fatalf("charges with a learned RPM of 5: %+v", ch)

@@ -19,6 +19,12 @@ import (
 // Limits is a quota; 0 means no limit of that kind.
 type Limits struct {
 	RPM, TPM, Concurrency int64
+	// ITPM and OTPM are input and output tokens per minute (Anthropic's
+	// limits), for deployments only: each is a tokens limit on a scope of
+	// its own (the limiter holds one tokens limit per window and scope),
+	// charged the prompt estimate and the completion bound, settled with
+	// the prompt and completion tokens used.
+	ITPM, OTPM int64
 }
 
 func (l Limits) any() bool { return l.count() > 0 }
@@ -124,6 +130,9 @@ type Options struct {
 	Sessions  SessionOptions
 	Dedup     DedupOptions
 	Cache     CacheOptions
+	// PassThrough says where the routes without a model go (files,
+	// batches, and unknown /v1/ routes).
+	PassThrough PassThroughOptions
 
 	// TenantAdmin serves /admin/tenants (behind the admin token); nil
 	// leaves it out. SetTenants changes the tenants in force.
@@ -151,6 +160,18 @@ type Options struct {
 	// Registry receives the gateway's Prometheus metrics; nil means a new
 	// registry, served on /metrics.
 	Registry *prometheus.Registry
+}
+
+// PassThroughOptions configure the routes passed to a provider as they
+// are (see passthrough.go).
+type PassThroughOptions struct {
+	// Provider names the provider whose first deployment takes the routes
+	// without a model (files, batches, unknown routes); "" means the
+	// first deployment of type openai.
+	Provider string
+	// Unknown passes /v1/ routes the gateway does not know to that
+	// deployment; false answers them 404 unknown_url.
+	Unknown bool
 }
 
 // AdmissionOptions say how requests wait for and hold rate-limit capacity,

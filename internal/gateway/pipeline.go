@@ -25,6 +25,10 @@ func (g *Gateway) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
 	g.serve(w, r, openai.Embeddings)
 }
 
+func (g *Gateway) serveResponses(w http.ResponseWriter, r *http.Request) {
+	g.serve(w, r, openai.Responses)
+}
+
 // call is one client request on its way through the pipeline.
 type call struct {
 	id       string
@@ -56,6 +60,11 @@ type call struct {
 	progress progress
 	// access is what the access log line says (accesslog.go).
 	access accessInfo
+	// pin is the deployment whose provider key must answer (the one
+	// that stored a Responses request's previous response), nil when
+	// any may; previousUpstream is that response's id at the provider.
+	pin              *deployment
+	previousUpstream string
 }
 
 func (c *call) tokenEstimate() int64 { return c.promptEstimate + c.completionEstimate }
@@ -160,6 +169,9 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, ep openai.Endp
 			"The model '%s' does not exist or you do not have access to it.", model))
 	}
 	c.targets = targets
+	if aerr := g.pinPrevious(c); aerr != nil {
+		return fail("not_found", aerr)
+	}
 	if aerr := g.readHints(r, c); aerr != nil {
 		return fail("bad_request", aerr)
 	}

@@ -25,13 +25,20 @@ var skipResponseHeaders = map[string]bool{
 	"X-Request-Id": true, "Openai-Organization": true, "Openai-Project": true,
 	"X-Ratelimit-Limit-Requests": true, "X-Ratelimit-Remaining-Requests": true, "X-Ratelimit-Reset-Requests": true,
 	"X-Ratelimit-Limit-Tokens": true, "X-Ratelimit-Remaining-Tokens": true, "X-Ratelimit-Reset-Tokens": true,
+	"Anthropic-Organization-Id": true,
+}
+
+// skipResponseHeader reports whether an upstream header is not relayed:
+// skipResponseHeaders, and Anthropic's account limits.
+func skipResponseHeader(k string) bool {
+	return skipResponseHeaders[k] || strings.HasPrefix(k, "Anthropic-Ratelimit-")
 }
 
 // copyResponseHeader copies the provider's headers that a client may see,
 // with every secret redacted (a provider may echo a key back).
 func (g *Gateway) copyResponseHeader(dst, src http.Header) {
 	for k, v := range src {
-		if skipResponseHeaders[k] {
+		if skipResponseHeader(k) {
 			continue
 		}
 		dst[k] = v
@@ -95,6 +102,10 @@ func (g *Gateway) relay(ctx context.Context, w http.ResponseWriter, c *call, adm
 		g.finish(c, adm, res, answerUsage(c, resp.StatusCode, body))
 		return
 	}
+	if ids := newResponseIDs(c); ids != nil && resp.StatusCode/100 == 2 {
+		ids.learn(c, adm.dep, openai.ParseResponseID(body))
+		body = ids.rewrite(body)
+	}
 	usage := answerUsage(c, resp.StatusCode, body)
 	g.usageHeaders(h, c, adm.dep.Model, usage)
 	body = g.redact.Bytes(body) // error messages quote keys back
@@ -118,7 +129,11 @@ func answerUsage(c *call, status int, body []byte) *openai.Usage {
 	if status/100 != 2 {
 		return nil
 	}
-	if u := openai.ParseUsage(body); u != nil {
+	parse := openai.ParseUsage
+	if c.req.Endpoint == openai.Messages {
+		parse = openai.ParseMessagesUsage
+	}
+	if u := parse(body); u != nil {
 		return u
 	}
 	// No usage in the answer: charge the prompt estimate, the one part
@@ -172,11 +187,45 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 		sawDone  bool
 		lost     bool   // the session lease lapsed before the end
 		scratch  []byte // reused by dropNullUsage
+		ids      = newResponseIDs(c)
 	)
 	for {
 		raw, data, err := er.Next()
 		idle.Reset(g.opt.HTTP.UpstreamIdleTimeout)
-		if data != nil {
+		if data != nil && c.req.Endpoint == openai.Messages {
+			// Anthropic's events: the prompt in message_start, the
+			// output so far in message_delta.
+			ev := openai.ParseMessagesEvent(data)
+			sawDone = sawDone || ev.Final
+			if ev.Usage != nil {
+				if usage == nil {
+					usage = &openai.Usage{PromptTokens: c.promptEstimate}
+				}
+				if ev.HasInput {
+					usage.PromptTokens, usage.PromptTokensDetails = ev.Usage.PromptTokens, ev.Usage.PromptTokensDetails
+				}
+				if ev.HasOutput {
+					usage.CompletionTokens = ev.Usage.CompletionTokens
+				}
+			}
+			if ev.Content {
+				content++
+				c.progress.streamed.Store(content)
+			}
+		} else if data != nil && ids != nil {
+			// A Responses stream: typed events, the usage in the last.
+			ev := openai.ParseResponseEvent(data)
+			ids.learn(c, adm.dep, ev.ResponseID)
+			sawDone = sawDone || ev.Final
+			if ev.Usage != nil {
+				usage = ev.Usage
+			}
+			if ev.Content {
+				content++
+				c.progress.streamed.Store(content)
+			}
+			raw = ids.rewrite(raw)
+		} else if data != nil {
 			ch := openai.ParseChunk(data)
 			switch {
 			case ch.Done:
@@ -216,7 +265,9 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 			break
 		}
 	}
-	complete := (sawDone || usage != nil) && !lost
+	// A Messages stream reports usage from its first event on: only
+	// message_stop ends it.
+	complete := (sawDone || usage != nil && c.req.Endpoint != openai.Messages) && !lost
 	if !complete && errors.Is(context.Cause(sctx), lock.ErrLost) {
 		lost = true // the watchdog found the lease lost and cancelled the call
 	}
@@ -250,6 +301,9 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, c *cal
 				_ = rc.Flush()
 			}
 		}
+	}
+	if usage != nil && !complete {
+		usage.CompletionTokens = max(usage.CompletionTokens, content) // reported before the cut, or streamed since
 	}
 	if usage == nil {
 		// Charge what is known to have been used: the prompt and the

@@ -143,13 +143,20 @@ func (g *Gateway) settleLimitsNow(c *call, adm admitted, usage *openai.Usage) bo
 // actualCosts is what adm's charges really cost given usage.
 func actualCosts(adm admitted, usage *openai.Usage) []int64 {
 	actual := make([]int64, len(adm.charges))
-	used := int64(0)
+	var prompt, completion int64
 	if usage != nil {
-		used = usage.PromptTokens + usage.CompletionTokens
+		prompt, completion = usage.PromptTokens, usage.CompletionTokens
 	}
 	for i, ch := range adm.charges {
+		used := prompt + completion
+		switch ch.Scope {
+		case adm.dep.inScope:
+			used = prompt
+		case adm.dep.outScope:
+			used = completion
+		}
 		switch {
-		case ch.Limit.Kind == ratelimit.Tokens && !(adm.refused && ch.Scope == adm.dep.scope):
+		case ch.Limit.Kind == ratelimit.Tokens && !(adm.refused && adm.dep.ownScope(ch.Scope)):
 			actual[i] = min(used, ratelimit.MaxAmount)
 		default:
 			actual[i] = ch.Cost
@@ -171,7 +178,7 @@ func (g *Gateway) settleRefused(adm admitted) {
 	}
 	actual := make([]int64, len(adm.charges))
 	for i, ch := range adm.charges {
-		if ch.Scope == adm.dep.scope {
+		if adm.dep.ownScope(ch.Scope) {
 			actual[i] = ch.Cost
 		}
 	}

@@ -31,7 +31,24 @@ func (g *Gateway) run(ctx context.Context, w http.ResponseWriter, r *http.Reques
 
 	var cands []*deployment
 	for _, t := range c.targets {
-		cands = append(cands, g.available(t)...)
+		for _, d := range g.available(t) {
+			if servesEndpoint(d, c.req.Endpoint) {
+				cands = append(cands, d)
+			}
+		}
+	}
+	if len(cands) == 0 && !g.anyServes(c) {
+		c.outcome = "bad_request"
+		errf(http.StatusBadRequest, openai.TypeInvalidRequest, "unsupported_model", "model",
+			"The model '%s' is not served by a provider that speaks %s (see docs/gateway.md).", c.req.Model, c.req.Endpoint.Path()).Write(w)
+		return
+	}
+	if c.pin != nil {
+		if cands = pinned(cands, c.pin); len(cands) == 0 && len(pinned(g.byTarget[c.targets[0]], c.pin)) == 0 {
+			c.outcome = "bad_request"
+			openai.BadRequest("previous_response_id", "The previous response was stored by a deployment that does not serve '%s': continue it with the model it was created with.", c.req.Model).Write(w)
+			return
+		}
 	}
 	if len(cands) == 0 {
 		c.outcome = "unavailable"
@@ -202,6 +219,10 @@ func (g *Gateway) upstreamBody(c *call, model string) ([]byte, error) {
 		m, _ := json.Marshal(model)
 		set["model"] = m
 	}
+	if c.previousUpstream != "" {
+		id, _ := json.Marshal(c.previousUpstream)
+		set["previous_response_id"] = id
+	}
 	if c.req.Stream && !c.req.IncludeUsage && c.req.Endpoint != openai.Embeddings {
 		so, err := openai.UsageStreamOptions(c.req.StreamOptions)
 		if err != nil {
@@ -217,7 +238,7 @@ func (g *Gateway) upstreamBody(c *call, model string) ([]byte, error) {
 
 // forwardHeaders are the client headers passed to the provider; the rest
 // (the client's key above all) stay here.
-var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta", "Traceparent", "Tracestate"}
+var forwardHeaders = []string{"Content-Type", "Accept", "Openai-Beta", "Anthropic-Version", "Anthropic-Beta", "Traceparent", "Tracestate"}
 
 func upstreamHeader(r *http.Request, c *call) http.Header {
 	h := make(http.Header, len(forwardHeaders)+4) // room for the provider's key and the target's headers

@@ -20,6 +20,10 @@ const (
 	ChatCompletions Endpoint = iota + 1
 	Completions
 	Embeddings
+	// Responses is OpenAI's Responses API (POST /v1/responses).
+	Responses
+	// Messages is Anthropic's Messages API (POST /v1/messages).
+	Messages
 )
 
 // Path returns the endpoint's path below the API base ("/chat/completions").
@@ -31,6 +35,10 @@ func (e Endpoint) Path() string {
 		return "/completions"
 	case Embeddings:
 		return "/embeddings"
+	case Responses:
+		return "/responses"
+	case Messages:
+		return "/messages"
 	}
 	return ""
 }
@@ -43,6 +51,10 @@ func (e Endpoint) String() string {
 		return "completions"
 	case Embeddings:
 		return "embeddings"
+	case Responses:
+		return "responses"
+	case Messages:
+		return "messages"
 	}
 	return "unknown"
 }
@@ -53,17 +65,26 @@ type Request struct {
 	Endpoint Endpoint
 	Model    string
 	Stream   bool
-	// IncludeUsage is stream_options.include_usage as the client sent it.
+	// IncludeUsage is stream_options.include_usage as the client sent it;
+	// always true for Responses, whose streams always end with their usage.
 	IncludeUsage bool
-	// MaxTokens is max_completion_tokens, else max_tokens; 0 when neither.
+	// MaxTokens is max_completion_tokens, else max_tokens (max_output_tokens
+	// for Responses); 0 when neither.
 	MaxTokens int64
 	// N is the number of choices asked for (default 1).
 	N int64
 	// Messages and Tools are the raw chat fields (nil when absent);
 	// Tools falls back to the legacy "functions".
 	Messages, Tools json.RawMessage
-	// Input is the embeddings "input" or the completions "prompt".
+	// Input is the embeddings or Responses "input", or the completions
+	// "prompt".
 	Input json.RawMessage
+	// Instructions is the Responses "instructions", or the Messages
+	// "system" (raw, nil when absent).
+	Instructions json.RawMessage
+	// PreviousResponseID is the Responses "previous_response_id" ("" when
+	// absent): the response this one continues.
+	PreviousResponseID string
 	// Temperature is the sampling temperature, nil when absent.
 	Temperature *float64
 	// StreamOptions is the raw "stream_options" (nil when absent), for
@@ -74,11 +95,14 @@ type Request struct {
 // wireRequest holds every endpoint's fields at once; unknown fields are
 // ignored (they are forwarded untouched).
 type wireRequest struct {
-	Model                                     *string
+	Model, PreviousResponseID                 *string
 	Stream, IncludeUsage                      *bool
 	MaxTokens, MaxCompletionTokens, N         *int64
+	MaxOutputTokens                           *int64
+	Instructions                              json.RawMessage
 	Temperature                               *float64
 	Messages, Tools, Functions, Input, Prompt json.RawMessage
+	System                                    json.RawMessage
 	StreamOptions                             json.RawMessage
 }
 
@@ -89,7 +113,7 @@ type wireRequest struct {
 // would miss the stream's usage). Of duplicated names the last wins, as in
 // the provider's parser; only the values kept are decoded.
 func (w *wireRequest) decode(obj []byte) *Error {
-	var model, stream, maxTokens, maxCompletion, n, temperature []byte
+	var model, stream, maxTokens, maxCompletion, maxOutput, n, temperature, previous []byte
 	jsonscan.Members(obj, func(name, v []byte) {
 		switch string(name) {
 		case "model":
@@ -100,6 +124,14 @@ func (w *wireRequest) decode(obj []byte) *Error {
 			maxTokens = v
 		case "max_completion_tokens":
 			maxCompletion = v
+		case "max_output_tokens":
+			maxOutput = v
+		case "previous_response_id":
+			previous = v
+		case "instructions":
+			w.Instructions = v
+		case "system":
+			w.System = v
 		case "n":
 			n = v
 		case "temperature":
@@ -121,6 +153,9 @@ func (w *wireRequest) decode(obj []byte) *Error {
 	if err := decodeString(model, "model", &w.Model); err != nil {
 		return err
 	}
+	if err := decodeString(previous, "previous_response_id", &w.PreviousResponseID); err != nil {
+		return err
+	}
 	if err := decodeBool(stream, "stream", &w.Stream); err != nil {
 		return err
 	}
@@ -128,7 +163,8 @@ func (w *wireRequest) decode(obj []byte) *Error {
 		raw  []byte
 		name string
 		dst  **int64
-	}{{maxTokens, "max_tokens", &w.MaxTokens}, {maxCompletion, "max_completion_tokens", &w.MaxCompletionTokens}, {n, "n", &w.N}} {
+	}{{maxTokens, "max_tokens", &w.MaxTokens}, {maxCompletion, "max_completion_tokens", &w.MaxCompletionTokens},
+		{maxOutput, "max_output_tokens", &w.MaxOutputTokens}, {n, "n", &w.N}} {
 		if err := decodeInt(f.raw, f.name, f.dst); err != nil {
 			return err
 		}
@@ -297,7 +333,7 @@ func (w *wireRequest) request(ep Endpoint) (*Request, *Error) {
 	for _, p := range []struct {
 		name string
 		v    *int64
-	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompletionTokens}} {
+	}{{"max_tokens", w.MaxTokens}, {"max_completion_tokens", w.MaxCompletionTokens}, {"max_output_tokens", w.MaxOutputTokens}} {
 		if p.v != nil && (*p.v < 1 || *p.v > 1<<40) {
 			return nil, BadRequest(p.name, "Invalid '%s': expected an integer >= 1, got %d.", p.name, *p.v)
 		}
@@ -343,8 +379,40 @@ func (w *wireRequest) request(ep Endpoint) (*Request, *Error) {
 			return nil, BadRequest("stream", "Embeddings cannot be streamed.")
 		}
 		r.Input = w.Input
+	case Messages:
+		if isNull(w.Messages) {
+			return nil, BadRequest("messages", "messages: Field required")
+		}
+		if w.Messages[0] != '[' {
+			return nil, BadRequest("messages", "messages: Input should be a valid list")
+		}
+		r.Messages, r.Tools, r.Instructions = w.Messages, nullToNil(w.Tools), nullToNil(w.System)
+		r.IncludeUsage, r.N = true, 1
+		r.MaxTokens = 0
+		if w.MaxTokens != nil {
+			r.MaxTokens = *w.MaxTokens
+		}
+	case Responses:
+		// input may be absent: a request can continue a stored response
+		// or use a stored prompt; the provider says what is missing.
+		r.Input, r.Tools, r.Instructions = nullToNil(w.Input), nullToNil(w.Tools), nullToNil(w.Instructions)
+		r.IncludeUsage = true
+		r.N, r.MaxTokens = 1, 0
+		if w.MaxOutputTokens != nil {
+			r.MaxTokens = *w.MaxOutputTokens
+		}
+		if w.PreviousResponseID != nil {
+			r.PreviousResponseID = *w.PreviousResponseID
+		}
 	}
 	return r, nil
+}
+
+func nullToNil(raw json.RawMessage) json.RawMessage {
+	if isNull(raw) {
+		return nil
+	}
+	return raw
 }
 
 func isNull(raw json.RawMessage) bool {

@@ -289,8 +289,10 @@ func TestEndpoint(t *testing.T) {
 		{ChatCompletions, "/chat/completions", "chat"},
 		{Completions, "/completions", "completions"},
 		{Embeddings, "/embeddings", "embeddings"},
+		{Responses, "/responses", "responses"},
+		{Messages, "/messages", "messages"},
 		{0, "", "unknown"},
-		{Embeddings + 1, "", "unknown"},
+		{Messages + 1, "", "unknown"},
 	} {
 		if got := tc.ep.Path(); got != tc.path {
 			t.Errorf("Endpoint(%d).Path() = %q, want %q", tc.ep, got, tc.path)
@@ -602,12 +604,13 @@ var requestSeeds = []string{
 
 func FuzzParseRequest(f *testing.F) {
 	for _, s := range requestSeeds {
-		for ep := range Embeddings + 1 {
+		for ep := range Messages + 1 {
 			f.Add(uint8(ep), []byte(s))
 		}
 	}
+	f.Add(uint8(Responses), []byte(`{"model":"m","input":"x","previous_response_id":"resp_1","max_output_tokens":3,"instructions":null}`))
 	f.Fuzz(func(t *testing.T, ep uint8, body []byte) {
-		r, aerr := ParseRequest(Endpoint(ep%4), body)
+		r, aerr := ParseRequest(Endpoint(ep%6), body)
 		if aerr != nil {
 			if r != nil {
 				t.Fatal("request and error both returned")
@@ -633,7 +636,7 @@ func FuzzParseRequest(f *testing.F) {
 		if err := json.Unmarshal(m["model"], &model); err != nil || model == "" || model != r.Model {
 			t.Fatalf("Model %q, body's model %s (%v)", r.Model, m["model"], err)
 		}
-		if r.Endpoint != Endpoint(ep%4) || r.N < 1 || r.N > MaxChoices || r.MaxTokens < 0 || r.MaxTokens > 1<<40 {
+		if r.Endpoint != Endpoint(ep%6) || r.N < 1 || r.N > MaxChoices || r.MaxTokens < 0 || r.MaxTokens > 1<<40 {
 			t.Fatalf("out of range: %+v", *r)
 		}
 		if stream := string(m["stream"]) == "true"; r.Stream != stream {
@@ -651,6 +654,18 @@ func FuzzParseRequest(f *testing.F) {
 		case Embeddings:
 			if !bytes.Equal(r.Input, m["input"]) || isNull(r.Input) || r.Stream {
 				t.Fatalf("Input %q, body's input %q, stream %v", r.Input, m["input"], r.Stream)
+			}
+		case Messages:
+			if r.Messages[0] != '[' || !bytes.Equal(r.Messages, m["messages"]) || !r.IncludeUsage {
+				t.Fatalf("Messages %q, body's %q", r.Messages, m["messages"])
+			}
+		case Responses:
+			if !isNull(r.Input) && !bytes.Equal(r.Input, m["input"]) || !r.IncludeUsage || r.N != 1 {
+				t.Fatalf("Input %q, body's input %q, %+v", r.Input, m["input"], *r)
+			}
+			var prev *string
+			if json.Unmarshal(m["previous_response_id"], &prev) == nil && prev != nil && *prev != r.PreviousResponseID {
+				t.Fatalf("PreviousResponseID %q, body's %s", r.PreviousResponseID, m["previous_response_id"])
 			}
 		}
 		// Whatever was accepted can be rewritten for upstream.

@@ -33,8 +33,10 @@ func (u *Usage) valid() bool {
 		u.PromptTokens < 1<<40 && u.CompletionTokens < 1<<40 && u.Cached() <= u.PromptTokens
 }
 
-// ParseUsage returns the "usage" of a JSON answer (chat, completions or
-// embeddings), or nil when it has none or it cannot be read.
+// ParseUsage returns the "usage" of a JSON answer (chat, completions,
+// embeddings or Responses, whose input_tokens and output_tokens are read as
+// prompt and completion tokens), or nil when it has none or it cannot be
+// read.
 func ParseUsage(body []byte) *Usage {
 	if !jsonscan.Valid(body) {
 		return nil
@@ -43,12 +45,44 @@ func ParseUsage(body []byte) *Usage {
 		return u
 	}
 	var w struct {
-		Usage *Usage `json:"usage"`
+		Usage *wireUsage `json:"usage"`
 	}
-	if err := json.Unmarshal(body, &w); err != nil || w.Usage == nil || !w.Usage.valid() {
+	if err := json.Unmarshal(body, &w); err != nil || w.Usage == nil {
 		return nil
 	}
-	return w.Usage
+	u := w.Usage.usage()
+	if !u.valid() {
+		return nil
+	}
+	return u
+}
+
+// wireUsage is a usage object as encoding/json reads it: the chat names
+// and the Responses ones (input_tokens, output_tokens).
+type wireUsage struct {
+	Usage
+	InputTokens        *int64 `json:"input_tokens"`
+	OutputTokens       *int64 `json:"output_tokens"`
+	InputTokensDetails *struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+}
+
+// usage folds the Responses names into the chat ones.
+func (w *wireUsage) usage() *Usage {
+	u := w.Usage
+	if w.InputTokens != nil {
+		u.PromptTokens = *w.InputTokens
+	}
+	if w.OutputTokens != nil {
+		u.CompletionTokens = *w.OutputTokens
+	}
+	if w.InputTokensDetails != nil && u.PromptTokensDetails == nil {
+		u.PromptTokensDetails = &struct {
+			CachedTokens int64 `json:"cached_tokens"`
+		}{w.InputTokensDetails.CachedTokens}
+	}
+	return &u
 }
 
 // Chunk is what the gateway learns from one SSE data payload of a stream.
@@ -154,10 +188,11 @@ func lastUsage(body []byte) *Usage {
 	}
 	u, ok := scanUsage(v[:end])
 	if !ok {
-		u = new(Usage)
-		if json.Unmarshal(v[:end], u) != nil {
+		var w wireUsage
+		if json.Unmarshal(v[:end], &w) != nil {
 			return nil
 		}
+		u = w.usage()
 	}
 	if !u.valid() {
 		return nil
@@ -174,13 +209,13 @@ func scanUsage(obj []byte) (u *Usage, ok bool) {
 	jsonscan.Members(obj, func(name, v []byte) {
 		switch {
 		case !ok:
-		case string(name) == "prompt_tokens":
+		case string(name) == "prompt_tokens", string(name) == "input_tokens":
 			ok = scanCount(&u.PromptTokens, v)
-		case string(name) == "completion_tokens":
+		case string(name) == "completion_tokens", string(name) == "output_tokens":
 			ok = scanCount(&u.CompletionTokens, v)
 		case string(name) == "total_tokens":
 			ok = scanCount(&u.TotalTokens, v)
-		case string(name) == "prompt_tokens_details":
+		case string(name) == "prompt_tokens_details", string(name) == "input_tokens_details":
 			if string(v) == "null" {
 				u.PromptTokensDetails = nil
 				return
@@ -204,7 +239,8 @@ func scanUsage(obj []byte) (u *Usage, ok bool) {
 				}
 			})
 		default:
-			ok = !jsonscan.FoldsTo(name, "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details")
+			ok = !jsonscan.FoldsTo(name, "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details",
+				"input_tokens", "output_tokens", "input_tokens_details")
 		}
 	})
 	return u, ok

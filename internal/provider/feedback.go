@@ -31,6 +31,14 @@ type Feedback struct {
 	// x-ratelimit-reset-tokens, in OpenAI's Go-duration format ("1s",
 	// "6m0s", "20ms") or plain seconds; -1 if absent or unreadable.
 	ResetRequests, ResetTokens time.Duration
+	// LimitInputTokens, RemainingInputTokens, LimitOutputTokens and
+	// RemainingOutputTokens are Anthropic's per-minute input and output
+	// token limits (anthropic-ratelimit-input-tokens-*,
+	// -output-tokens-*); ResetInputTokens and ResetOutputTokens their
+	// resets. -1 if absent or unreadable.
+	LimitInputTokens, RemainingInputTokens   int64
+	LimitOutputTokens, RemainingOutputTokens int64
+	ResetInputTokens, ResetOutputTokens      time.Duration
 	// Kind says which limit a 429 was about: "requests", "tokens" or "" when
 	// the error body does not tell (or for other statuses).
 	Kind string
@@ -63,10 +71,12 @@ type LimitReport struct {
 	Used, Requested int64
 }
 
-// HasLimits reports whether any x-ratelimit-* value was present.
+// HasLimits reports whether any x-ratelimit-* (or anthropic-ratelimit-*)
+// value was present.
 func (f Feedback) HasLimits() bool {
 	return f.LimitRequests >= 0 || f.RemainingRequests >= 0 || f.LimitTokens >= 0 ||
-		f.RemainingTokens >= 0 || f.ResetRequests >= 0 || f.ResetTokens >= 0
+		f.RemainingTokens >= 0 || f.ResetRequests >= 0 || f.ResetTokens >= 0 ||
+		f.LimitInputTokens >= 0 || f.RemainingInputTokens >= 0 || f.LimitOutputTokens >= 0 || f.RemainingOutputTokens >= 0
 }
 
 // ParseFeedback reads the rate-limit headers of a response with the given
@@ -79,7 +89,7 @@ func ParseFeedback(status int, h http.Header) Feedback {
 // parseFeedback is ParseFeedback with the time an HTTP-date retry-after is
 // measured from when the response has no Date header.
 func parseFeedback(status int, h http.Header, now time.Time) Feedback {
-	return Feedback{
+	f := Feedback{
 		Status:            status,
 		RetryAfter:        retryAfter(h, now),
 		LimitRequests:     parseCount(h.Get("X-Ratelimit-Limit-Requests")),
@@ -89,6 +99,42 @@ func parseFeedback(status int, h http.Header, now time.Time) Feedback {
 		ResetRequests:     parseReset(h.Get("X-Ratelimit-Reset-Requests")),
 		ResetTokens:       parseReset(h.Get("X-Ratelimit-Reset-Tokens")),
 	}
+	f.LimitInputTokens, f.RemainingInputTokens, f.ResetInputTokens = anthropicLimit(h, "Input-Tokens", now)
+	f.LimitOutputTokens, f.RemainingOutputTokens, f.ResetOutputTokens = anthropicLimit(h, "Output-Tokens", now)
+	// Anthropic's requests limit stands in for x-ratelimit-*-requests.
+	// Its anthropic-ratelimit-tokens-* is not a tokens limit of its own
+	// but the most restrictive of the input and output ones, read above:
+	// taken as a limit on input plus output it would hold the gateway
+	// below what the provider allows.
+	l, r, d := anthropicLimit(h, "Requests", now)
+	fillAbsent(&f.LimitRequests, l)
+	fillAbsent(&f.RemainingRequests, r)
+	fillAbsent(&f.ResetRequests, d)
+	return f
+}
+
+// fillAbsent sets *dst to v when *dst is absent (-1).
+func fillAbsent[T int64 | time.Duration](dst *T, v T) {
+	if *dst < 0 {
+		*dst = v
+	}
+}
+
+// anthropicLimit reads anthropic-ratelimit-KIND-limit, -remaining and
+// -reset (an RFC 3339 time, taken relative to the response's Date when it
+// has one); -1 for each value absent or unreadable.
+func anthropicLimit(h http.Header, kind string, now time.Time) (limit, remaining int64, reset time.Duration) {
+	p := "Anthropic-Ratelimit-" + kind + "-"
+	limit, remaining, reset = parseCount(h.Get(p+"Limit")), parseCount(h.Get(p+"Remaining")), -1
+	if v := strings.TrimSpace(h.Get(p + "Reset")); v != "" {
+		if at, err := time.Parse(time.RFC3339, v); err == nil {
+			if d, err := http.ParseTime(h.Get("Date")); err == nil {
+				now = d
+			}
+			reset = max(clampDuration(float64(at.Sub(now)), maxHint), 0)
+		}
+	}
+	return limit, remaining, reset
 }
 
 // retryAfter reads retry-after-ms, else retry-after; 0 if neither is

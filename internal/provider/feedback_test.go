@@ -8,7 +8,8 @@ import (
 
 func TestParseFeedback(t *testing.T) {
 	date := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
-	none := Feedback{LimitRequests: -1, RemainingRequests: -1, LimitTokens: -1, RemainingTokens: -1, ResetRequests: -1, ResetTokens: -1}
+	none := Feedback{LimitRequests: -1, RemainingRequests: -1, LimitTokens: -1, RemainingTokens: -1, ResetRequests: -1, ResetTokens: -1,
+		LimitInputTokens: -1, RemainingInputTokens: -1, LimitOutputTokens: -1, RemainingOutputTokens: -1, ResetInputTokens: -1, ResetOutputTokens: -1}
 	with := func(status int, f func(*Feedback)) Feedback {
 		fb := none
 		fb.Status = status
@@ -57,6 +58,23 @@ func TestParseFeedback(t *testing.T) {
 			"x-ratelimit-limit-tokens", "99999999999999999999", "x-ratelimit-remaining-tokens", "NaN",
 			"x-ratelimit-reset-requests", "-1s", "x-ratelimit-reset-tokens", "soon",
 		}, with(429, func(f *Feedback) {})},
+		{"anthropic", []string{
+			"Date", date.Format(http.TimeFormat),
+			"anthropic-ratelimit-requests-limit", "50", "anthropic-ratelimit-requests-remaining", "49",
+			"anthropic-ratelimit-requests-reset", date.Add(2 * time.Second).Format(time.RFC3339),
+			"anthropic-ratelimit-tokens-limit", "30000", "anthropic-ratelimit-tokens-remaining", "29000",
+			"anthropic-ratelimit-tokens-reset", date.Add(3 * time.Second).Format(time.RFC3339),
+			"anthropic-ratelimit-input-tokens-limit", "30000", "anthropic-ratelimit-input-tokens-remaining", "29000",
+			"anthropic-ratelimit-input-tokens-reset", date.Add(3 * time.Second).Format(time.RFC3339),
+			"anthropic-ratelimit-output-tokens-limit", "8000", "anthropic-ratelimit-output-tokens-remaining", "7000",
+			"anthropic-ratelimit-output-tokens-reset", date.Add(-time.Second).Format(time.RFC3339),
+		}, with(200, func(f *Feedback) {
+			f.LimitRequests, f.RemainingRequests, f.ResetRequests = 50, 49, 2*time.Second
+			f.LimitInputTokens, f.RemainingInputTokens, f.ResetInputTokens = 30000, 29000, 3*time.Second
+			f.LimitOutputTokens, f.RemainingOutputTokens, f.ResetOutputTokens = 8000, 7000, 0
+		})},
+		{"anthropic bad reset", []string{"anthropic-ratelimit-output-tokens-reset", "soon", "anthropic-ratelimit-output-tokens-limit", "x"},
+			with(200, func(f *Feedback) {})},
 		{"float counts", []string{"x-ratelimit-limit-requests", "500.0", "x-ratelimit-remaining-requests", " 42 "},
 			with(200, func(f *Feedback) { f.LimitRequests, f.RemainingRequests = 500, 42 })},
 	} {

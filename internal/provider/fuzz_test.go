@@ -17,6 +17,7 @@ func FuzzParseFeedback(f *testing.F) {
 		{"1.5", "-1", "", "500.0", "-3", "0.5s", "60"},
 		{"NaN", "Inf", "garbage", "99999999999999999999", "1e300", "-1s", "9223372036854775807ns"},
 		{"1e400", "0x1p-2", "Mon, 01 Jan 0001 00:00:00 GMT", " 7 ", "", "2562047h47m16.854775807s", "5000000h"},
+		{"", "2025-03-04T05:06:09Z", "Tue, 04 Mar 2025 05:06:07 GMT", "50", "49", "2025-03-04T05:06:08Z", "9999-12-31T23:59:59Z"},
 	} {
 		f.Add(429, s[0], s[1], s[2], s[3], s[4], s[5], s[6])
 	}
@@ -27,6 +28,9 @@ func FuzzParseFeedback(f *testing.F) {
 			"X-Ratelimit-Limit-Requests": limit, "X-Ratelimit-Remaining-Requests": remaining,
 			"X-Ratelimit-Limit-Tokens": remaining, "X-Ratelimit-Remaining-Tokens": limit,
 			"X-Ratelimit-Reset-Requests": resetReq, "X-Ratelimit-Reset-Tokens": resetTok,
+			"Anthropic-Ratelimit-Input-Tokens-Limit": limit, "Anthropic-Ratelimit-Input-Tokens-Remaining": remaining,
+			"Anthropic-Ratelimit-Input-Tokens-Reset": resetReq, "Anthropic-Ratelimit-Output-Tokens-Reset": retry,
+			"Anthropic-Ratelimit-Requests-Reset": resetTok,
 		} {
 			h.Set(k, v)
 		}
@@ -37,18 +41,20 @@ func FuzzParseFeedback(f *testing.F) {
 		if fb.RetryAfter < 0 || fb.RetryAfter > maxHint {
 			t.Fatalf("RetryAfter %v out of [0, %v]", fb.RetryAfter, maxHint)
 		}
-		for _, n := range []int64{fb.LimitRequests, fb.RemainingRequests, fb.LimitTokens, fb.RemainingTokens} {
+		for _, n := range []int64{fb.LimitRequests, fb.RemainingRequests, fb.LimitTokens, fb.RemainingTokens,
+			fb.LimitInputTokens, fb.RemainingInputTokens, fb.LimitOutputTokens, fb.RemainingOutputTokens} {
 			if n < -1 {
 				t.Fatalf("count %d below -1: %+v", n, fb)
 			}
 		}
-		for _, d := range []time.Duration{fb.ResetRequests, fb.ResetTokens} {
+		for _, d := range []time.Duration{fb.ResetRequests, fb.ResetTokens, fb.ResetInputTokens, fb.ResetOutputTokens} {
 			if d < -1 || d > maxHint {
 				t.Fatalf("reset %v out of [-1, %v]: %+v", d, maxHint, fb)
 			}
 		}
 		if fb.HasLimits() != (fb.LimitRequests >= 0 || fb.RemainingRequests >= 0 || fb.LimitTokens >= 0 ||
-			fb.RemainingTokens >= 0 || fb.ResetRequests >= 0 || fb.ResetTokens >= 0) {
+			fb.RemainingTokens >= 0 || fb.ResetRequests >= 0 || fb.ResetTokens >= 0 || fb.LimitInputTokens >= 0 ||
+			fb.RemainingInputTokens >= 0 || fb.LimitOutputTokens >= 0 || fb.RemainingOutputTokens >= 0) {
 			t.Fatalf("HasLimits %v for %+v", fb.HasLimits(), fb)
 		}
 	})

@@ -65,6 +65,61 @@ type Target struct {
 	// e.g. OpenAI-Organization. They override the caller's headers, and an
 	// APIKey overrides their Authorization.
 	Header http.Header
+	// Kind is the API's dialect: KindOpenAI (""), KindAnthropic or
+	// KindAzure. It decides how the key is sent and, for Azure, the URL.
+	Kind string
+	// APIVersion is the anthropic-version header sent when the caller
+	// sent none (KindAnthropic; default DefaultAnthropicVersion), or the
+	// api-version query parameter (KindAzure, required).
+	APIVersion string
+	// AzureDeployment is the Azure deployment name the model is served
+	// under (KindAzure): paths go to BaseURL/openai/deployments/NAME/...
+	AzureDeployment string
+}
+
+// The API dialects a Target speaks.
+const (
+	// KindOpenAI sends the key as "Authorization: Bearer KEY".
+	KindOpenAI = ""
+	// KindAnthropic sends it as "x-api-key: KEY", with anthropic-version.
+	KindAnthropic = "anthropic"
+	// KindAzure sends it as "api-key: KEY", to deployment URLs with an
+	// api-version.
+	KindAzure = "azure"
+)
+
+// statusOverloaded is Anthropic's 529: the API is overloaded for everyone.
+const statusOverloaded = 529
+
+// DefaultAnthropicVersion is the anthropic-version sent when neither the
+// caller nor the target sets one.
+const DefaultAnthropicVersion = "2023-06-01"
+
+// keyHeaders are the headers a key can travel in: a caller's are never
+// forwarded.
+var keyHeaders = []string{"Authorization", "X-Api-Key", "Api-Key"}
+
+func isKeyHeader(k string) bool {
+	for _, h := range keyHeaders {
+		if strings.EqualFold(k, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// targetPath is the path of req.Path on t: for Azure, under the
+// deployment, with the api-version in the query.
+func targetPath(t *Target, path string) string {
+	if t.Kind != KindAzure {
+		return path
+	}
+	p, q, _ := strings.Cut(path, "?")
+	v := "api-version=" + url.QueryEscape(t.APIVersion)
+	if q != "" {
+		v += "&" + q
+	}
+	return "/openai/deployments/" + url.PathEscape(t.AzureDeployment) + p + "?" + v
 }
 
 // String returns the target's name and base URL (without any userinfo).
@@ -464,7 +519,7 @@ func (c *Client) attempt(ctx context.Context, t *Target, base *http.Request, req
 	if a.retryable || c.cfg.Feedback != nil {
 		f := parseFeedback(status, resp.Header, c.cfg.Clock.Now())
 		a.retryAfter = f.RetryAfter
-		if c.cfg.Feedback != nil && (status == http.StatusTooManyRequests || f.HasLimits()) {
+		if c.cfg.Feedback != nil && (status == http.StatusTooManyRequests || status == statusOverloaded || f.HasLimits()) {
 			f.Kind, f.Reported = kind, reported
 			c.cfg.Feedback(t, f)
 		}
@@ -488,7 +543,7 @@ func (c *Client) newRequest(t *Target, st *targetState, req *Request) (*http.Req
 	if !validMethod(method) {
 		return nil, fmt.Errorf("%w: %q: invalid method %q", ErrInvalidRequest, t.Name, method)
 	}
-	cached, err := st.parseURL(strings.TrimSuffix(t.BaseURL, "/") + path)
+	cached, err := st.parseURL(strings.TrimSuffix(t.BaseURL, "/") + targetPath(t, path))
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
@@ -542,14 +597,14 @@ func header(t *Target, st *targetState, in http.Header, own, hasBody bool) http.
 	if own && in != nil {
 		h = in
 		for k := range h {
-			if strings.EqualFold(k, "Authorization") { // the tenant's key must never reach the provider
+			if isKeyHeader(k) { // the tenant's key must never reach the provider
 				delete(h, k)
 			}
 		}
 	} else {
 		h = make(http.Header, len(in)+len(t.Header)+2)
 		for k, v := range in {
-			if !strings.EqualFold(k, "Authorization") {
+			if !isKeyHeader(k) {
 				h[k] = v
 			}
 		}
@@ -560,10 +615,28 @@ func header(t *Target, st *targetState, in http.Header, own, hasBody bool) http.
 	if t.APIKey != "" {
 		a := st.auth.Load()
 		if a == nil || a.key != t.APIKey {
-			a = &authHeader{key: t.APIKey, value: []string{"Bearer " + t.APIKey}}
+			v := "Bearer " + t.APIKey
+			if t.Kind != KindOpenAI {
+				v = t.APIKey
+			}
+			a = &authHeader{key: t.APIKey, value: []string{v}}
 			st.auth.Store(a)
 		}
-		h["Authorization"] = a.value
+		switch t.Kind {
+		case KindAnthropic:
+			h["X-Api-Key"] = a.value
+		case KindAzure:
+			h["Api-Key"] = a.value
+		default:
+			h["Authorization"] = a.value
+		}
+	}
+	if t.Kind == KindAnthropic && h.Get("Anthropic-Version") == "" {
+		v := t.APIVersion
+		if v == "" {
+			v = DefaultAnthropicVersion
+		}
+		h["Anthropic-Version"] = []string{v}
 	}
 	if hasBody && h["Content-Type"] == nil {
 		h["Content-Type"] = jsonContentType

@@ -301,9 +301,11 @@ func TestFeedbackFromResponses(t *testing.T) {
 	want := []Feedback{
 		{Status: 429, RetryAfter: time.Millisecond, LimitRequests: -1, RemainingRequests: -1, LimitTokens: 30000, RemainingTokens: 0,
 			ResetRequests: -1, ResetTokens: 6 * time.Minute, Kind: "tokens",
+			LimitInputTokens: -1, RemainingInputTokens: -1, LimitOutputTokens: -1, RemainingOutputTokens: -1, ResetInputTokens: -1, ResetOutputTokens: -1,
 			Reported: LimitReport{Kind: "tokens", Window: time.Minute, Limit: 30000, Used: 29990, Requested: 48}},
 		{Status: 200, LimitRequests: 500, RemainingRequests: 499, LimitTokens: -1, RemainingTokens: -1,
-			ResetRequests: 120 * time.Millisecond, ResetTokens: -1},
+			ResetRequests: 120 * time.Millisecond, ResetTokens: -1,
+			LimitInputTokens: -1, RemainingInputTokens: -1, LimitOutputTokens: -1, RemainingOutputTokens: -1, ResetInputTokens: -1, ResetOutputTokens: -1},
 	}
 	// The third response (the second call) has no rate-limit headers: no feedback.
 	if !slices.Equal(got, want) {

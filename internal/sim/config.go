@@ -49,6 +49,18 @@ type Config struct {
 	// Concurrency is the number of requests one API key may have in flight
 	// at once, across models; 0 means unlimited.
 	Concurrency int64
+	// ITPM and OTPM are Anthropic's input and output tokens per minute of
+	// each (API key, model) pair on /v1/messages (which RPM applies to as
+	// well, TPM not): a request takes its input tokens and max_tokens up
+	// front, and gets back what it did not generate when it ends, as
+	// Anthropic estimates and then corrects its output limit. 0 means
+	// unlimited.
+	ITPM, OTPM int64
+
+	// AzureDeployments maps an Azure deployment name to the model it
+	// serves on /openai/deployments/{name}/...; a name not listed serves
+	// the model of that name.
+	AzureDeployments map[string]string
 
 	// TTFT is the time to first token: how long a chat completion waits
 	// before its first content (and an embedding before its answer).
@@ -118,6 +130,9 @@ func (c Config) Validate() error {
 	}
 	if c.TPM < 0 {
 		bad("TPM is %d; use 0 for unlimited or a positive tokens-per-minute limit", c.TPM)
+	}
+	if c.ITPM < 0 || c.OTPM < 0 {
+		bad("ITPM is %d and OTPM %d; use 0 for unlimited or a positive tokens-per-minute limit", c.ITPM, c.OTPM)
 	}
 	if c.Concurrency < 0 {
 		bad("Concurrency is %d; use 0 for unlimited or a positive number of requests in flight", c.Concurrency)

@@ -1,7 +1,8 @@
 // Package sim is a simulated OpenAI-compatible provider for demos, tests and benchmarks: deterministic answers, configurable latency, and rate limits enforced the way the real one does.
 //
-// A Server answers POST /v1/chat/completions and POST /v1/completions
-// (JSON and SSE streaming), POST /v1/embeddings, GET /v1/models, GET
+// A Server answers POST /v1/chat/completions, POST /v1/completions and
+// POST /v1/responses (JSON and SSE streaming; stored responses answer GET
+// and DELETE /v1/responses/{id}), POST /v1/embeddings, GET /v1/models, GET
 // /v1/models/{model} and GET /stats. Answers depend only on the model and
 // the prompt; prompt tokens are counted as OpenAI bills them (package
 // internal/tokens). Each (API key, model) pair has its own RPM and TPM
@@ -87,8 +88,12 @@ type Server struct {
 	rmu sync.Mutex // protects rng
 	rng *rand.Rand
 
-	mu       sync.Mutex // protects scopes, inflight, stats
+	responses      responseStore
+	files, batches objects
+
+	mu       sync.Mutex // protects scopes, aScopes, inflight, stats
 	scopes   map[scopeKey]*scopeLimits
+	aScopes  map[scopeKey]*anthropicLimits
 	inflight map[string]int64
 	stats    map[string]*KeyStats
 }
@@ -109,6 +114,7 @@ func New(cfg Config) (*Server, error) {
 		embed:    map[string]bool{},
 		rng:      rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		scopes:   map[scopeKey]*scopeLimits{},
+		aScopes:  map[scopeKey]*anthropicLimits{},
 		inflight: map[string]int64{},
 		stats:    map[string]*KeyStats{},
 	}
@@ -122,8 +128,15 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	s.mux.HandleFunc("POST /v1/completions", s.handleCompletion)
 	s.mux.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
+	s.mux.HandleFunc("POST /v1/responses", s.handleResponses)
+	s.mux.HandleFunc("GET /v1/responses/{id}", s.handleGetResponse)
+	s.mux.HandleFunc("DELETE /v1/responses/{id}", s.handleDeleteResponse)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /v1/models/{model}", s.handleModel)
+	s.mux.HandleFunc("POST /v1/messages", s.handleMessages)
+	s.mux.HandleFunc("POST /v1/messages/count_tokens", s.handleCountTokens)
+	s.mux.HandleFunc("/openai/deployments/{deployment}/{rest...}", s.handleAzure)
+	s.otherRoutes()
 	s.mux.HandleFunc("GET /stats", s.handleStats)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
@@ -203,6 +216,16 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, b
 	auth := r.Header.Get("Authorization")
 	token, hasBearer := strings.CutPrefix(auth, "Bearer ")
 	token = strings.TrimSpace(token)
+	if !hasBearer {
+		// Anthropic's (its OpenAI-compatible routes too) and Azure's
+		// key headers.
+		for _, h := range [...]string{"X-Api-Key", "Api-Key"} {
+			if v := strings.TrimSpace(r.Header.Get(h)); v != "" {
+				token, hasBearer = v, true
+				break
+			}
+		}
+	}
 	if len(s.cfg.APIKeys) > 0 {
 		if !hasBearer || token == "" {
 			writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
