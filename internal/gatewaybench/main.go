@@ -13,6 +13,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/llmgate/llmgate/internal/localredis"
 	"github.com/llmgate/llmgate/internal/storeurl"
 )
 
@@ -139,20 +140,20 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 	}
 
 	if slices.ContainsFunc(cfg.Variants, onRedis) && cfg.Redis == "" {
-		bin, err := redisServerPath()
+		bin, err := localredis.Path()
 		switch {
 		case err != nil && set["variants"]:
-			return bad("the redis variants need --redis ADDR or redis-server on PATH: %v", err)
+			return bad("the redis variants need --redis ADDR or redis-server: %v", err)
 		case err != nil:
 			// Not asked for by name: measure the rest.
 			fmt.Fprintln(stderr, "llmgate bench gateway: no redis-server on PATH and no --redis: skipping the redis variants")
 			cfg.Variants = slices.DeleteFunc(cfg.Variants, onRedis)
 		default:
-			r, err := startRedis(ctx, bin)
+			r, err := localredis.Start(ctx, bin)
 			if err != nil {
-				return fail(err)
+				return fail(fmt.Errorf("%w: %w", ErrSetup, err))
 			}
-			defer r.stop()
+			defer r.Stop()
 			cfg.Redis = r.URL
 			fmt.Fprintf(stderr, "llmgate bench gateway: started %s on %s for the redis variant\n", bin, r.URL)
 		}
