@@ -27,7 +27,8 @@ type record struct {
 	start, end time.Duration // since the start of the arm
 	class      int
 	ok         bool
-	status     int // the last answer's status, 0 for none
+	status     int  // the last answer's status, 0 for none
+	cut        bool // still running when the arm ended
 }
 
 // clients runs a scenario's workload against targets and records it.
@@ -242,6 +243,7 @@ func (c *clients) do(ctx context.Context, body chatBody, class int, session stri
 	if rec.end-rec.start > cl.Deadline {
 		rec.ok = false
 	}
+	rec.cut = !rec.ok && ctx.Err() != nil
 	c.mu.Lock()
 	c.records = append(c.records, rec)
 	c.mu.Unlock()

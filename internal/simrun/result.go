@@ -35,13 +35,19 @@ type Arm struct {
 	Seconds float64 `json:"seconds"`
 	// Requests are the requests the clients made (a retry is the same
 	// request); Succeeded those answered 200 within their deadline.
-	Requests    int     `json:"requests"`
+	Requests int `json:"requests"`
+	// Cut are the requests still running when the arm's duration ended,
+	// left out of every other figure.
+	Cut         int     `json:"cut"`
 	Succeeded   int     `json:"succeeded"`
 	SuccessRate float64 `json:"success_rate"`
 	// Client429 are the 429 answers clients received (retried or not);
 	// Failed429 the requests that ended with one.
 	Client429 int `json:"client_429"`
 	Failed429 int `json:"failed_429"`
+	// Failures counts the requests that failed by their last status
+	// ("0": no answer within the deadline, or the connection failed).
+	Failures map[string]int `json:"failures,omitempty"`
 	// Provider429 are the 429s the provider answered; UpstreamCalls every
 	// request that reached it; ProviderErrors its 5xx answers.
 	Provider429    int `json:"provider_429"`
@@ -168,7 +174,29 @@ func (r *Result) Rows() [][]string {
 		rows = append(rows, row)
 	}
 	add("requests", func(a *Arm) string { return fmt.Sprint(a.Requests) })
+	if r.hasAny(func(a *Arm) bool { return a.Cut > 0 }) {
+		add("cut by the end of the run", func(a *Arm) string { return fmt.Sprint(a.Cut) })
+	}
 	add("succeeded", func(a *Arm) string { return fmt.Sprintf("%d (%s)", a.Succeeded, pct(a.SuccessRate)) })
+	add("failed (by last status)", func(a *Arm) string {
+		if len(a.Failures) == 0 {
+			return "-"
+		}
+		keys := make([]string, 0, len(a.Failures))
+		for k := range a.Failures {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		var parts []string
+		for _, k := range keys {
+			label := k
+			if k == "0" {
+				label = "timeout"
+			}
+			parts = append(parts, fmt.Sprintf("%s: %d", label, a.Failures[k]))
+		}
+		return strings.Join(parts, ", ")
+	})
 	add("429s seen by clients", func(a *Arm) string { return fmt.Sprint(a.Client429) })
 	add("429s at the provider", func(a *Arm) string { return fmt.Sprint(a.Provider429) })
 	add("upstream calls", func(a *Arm) string { return fmt.Sprint(a.UpstreamCalls) })
@@ -289,4 +317,3 @@ func histogram(sorted []float64) []Bucket {
 func round1(v float64) float64 { return math.Round(v*10) / 10 }
 
 func round4(v float64) float64 { return math.Round(v*1e4) / 1e4 }
-

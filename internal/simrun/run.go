@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
@@ -205,6 +206,12 @@ func measure(sc *scenario.Scenario, arm string, cs *clients, ups []*upstream, sa
 	}
 	sort.SliceStable(calls, func(i, j int) bool { return calls[i].at < calls[j].at })
 
+	records = slices.DeleteFunc(records, func(r record) bool {
+		if r.cut {
+			a.Cut++
+		}
+		return r.cut
+	})
 	a.Requests = len(records)
 	var lat []float64
 	classLat := make([][]float64, len(sc.Clients.Mix))
@@ -220,8 +227,14 @@ func measure(sc *scenario.Scenario, arm string, cs *clients, ups []*upstream, sa
 			lat = append(lat, ms)
 			classLat[r.class] = append(classLat[r.class], ms)
 			classes[r.class].Succeeded++
-		} else if r.status == 429 {
-			a.Failed429++
+		} else {
+			if r.status == 429 {
+				a.Failed429++
+			}
+			if a.Failures == nil {
+				a.Failures = map[string]int{}
+			}
+			a.Failures[strconv.Itoa(r.status)]++
 		}
 	}
 	if a.Requests > 0 {

@@ -55,7 +55,7 @@ func TestBurstExceeds(t *testing.T) {
 		t.Errorf("llmgate: %d 429s at the provider; want 0", g.Provider429)
 	}
 	if g.QuotaUsed < 0.95 {
-		t.Errorf("llmgate used %.1f%% of the quota; want at least 95%%", 100*g.QuotaUsed)
+		t.Errorf("llmgate used %.1f%% of the quota; want at least 95%%; per second: %+v", 100*g.QuotaUsed, g.Series)
 	}
 	if d := res.Arm(ArmDirect); d.Provider429 == 0 {
 		t.Errorf("direct: no 429 at the provider under a load above the quota")
