@@ -28,6 +28,10 @@ var (
 	ErrSetup = errors.New("sim: setup failed")
 )
 
+// replicasStarted, when set (by tests), is told the replicas of an arm
+// once they are ready.
+var replicasStarted func([]*replica)
+
 // Options says how to run a scenario.
 type Options struct {
 	// Binary is the llmgate executable the replicas run as `BIN serve`.
@@ -160,6 +164,9 @@ func runArm(ctx context.Context, sc *scenario.Scenario, arm string, n int, store
 			return nil, fmt.Errorf("%w: %w", ErrSetup, err)
 		}
 		defer stopReplicas(rs)
+		if replicasStarted != nil {
+			replicasStarted(rs)
+		}
 		targets = targets[:0]
 		for _, r := range rs {
 			targets = append(targets, r.url+"/v1")
