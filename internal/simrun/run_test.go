@@ -87,13 +87,15 @@ func TestDuplicates(t *testing.T) {
 }
 
 // TestConversations: sessions whose turns overlap, under a provider that
-// accepts few requests at once, with 30% duplicate messages. Through 3
+// accepts few requests at once (scaled with the sessions), with 30%
+// duplicate messages. Through 3
 // replicas every session's turns reach the provider in send order and the
 // tokens billed are at most 0.75 of those billed straight to it.
 func TestConversations(t *testing.T) {
 	sc := builtin(t, "conversations")
 	sc.Conversations.Sessions = 30
 	sc.Conversations.Turns = 4
+	sc.Provider.Concurrency = 40
 	sc.Clients.Deadline = 15 * time.Second
 	sc.Gateway.MaxWait = 0
 	sc.SetDefaults()
