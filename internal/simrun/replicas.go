@@ -78,8 +78,7 @@ func startReplicas(ctx context.Context, bin string, n int, cfgPath string, env [
 		r.cmd = exec.Command(bin, "serve", "--config", cfgPath)
 		r.cmd.Env = env
 		r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
-		r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		setDeathSignal(r.cmd.SysProcAttr)
+		r.cmd.SysProcAttr = childAttr()
 		r.cmd.WaitDelay = time.Second
 		if err := r.cmd.Start(); err != nil {
 			return nil, fmt.Errorf("start %s serve: %w", bin, err)
