@@ -16,6 +16,17 @@ fi
 # The Debian package starts a system redis-server on 6379; tests do not use it.
 export REDIS_SERVER="$(command -v redis-server || echo /usr/bin/redis-server)"
 "$REDIS_SERVER" --version
+# Debian's chromium renders the llmgate sim report in its browser test
+# (internal/simrun); with LLMGATE_REQUIRE_CHROMIUM=1 that test fails
+# rather than skips without it.
+if ! command -v chromium >/dev/null 2>&1; then
+	echo "test.sh: chromium is missing; installing it from Debian packages" >&2
+	SUDO=""
+	if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+	$SUDO apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+export LLMGATE_REQUIRE_CHROMIUM=1
 
 echo "== go vet"
 go vet ./...

@@ -38,6 +38,7 @@ Commands:
   lock          run a command while holding a distributed lock (flock across machines)
   bench         measure the coordination store and the gateway ('llmgate bench --help')
   mock          run the built-in simulated OpenAI-compatible provider
+  sim           run the "many nodes, one quota" experiment with and without llmgate
   version       print the llmgate and Go versions
   help          show help for a command
 
@@ -108,6 +109,8 @@ func (a *App) Run(args []string) int {
 		return a.bench(rest)
 	case "mock":
 		return a.mock(rest)
+	case "sim":
+		return a.sim(rest)
 	case "serve":
 		return a.serve(rest)
 	case "check-config":
@@ -130,6 +133,8 @@ func (a *App) help(args []string) int {
 		fmt.Fprint(a.Stdout, benchUsageText)
 	case "mock":
 		fmt.Fprint(a.Stdout, mockUsageText)
+	case "sim":
+		fmt.Fprint(a.Stdout, simUsageText)
 	case "version":
 		fmt.Fprintln(a.Stdout, "Usage: llmgate version\n\nPrints the llmgate module version, VCS revision when known, and the Go version it was built with.")
 	case "serve":

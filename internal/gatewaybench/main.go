@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/llmgate/llmgate/internal/benchcli"
+	"github.com/llmgate/llmgate/internal/localredis"
 	"github.com/llmgate/llmgate/internal/storeurl"
 )
 
@@ -105,7 +106,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 	}
 
 	if slices.ContainsFunc(cfg.Variants, onRedis) && cfg.Redis == "" {
-		bin, err := redisServerPath()
+		bin, err := localredis.Path()
 		switch {
 		case err != nil && set["variants"]:
 			return c.Bad("the redis variants need --redis ADDR or redis-server on PATH: %v", err)
@@ -114,11 +115,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, factory 
 			fmt.Fprintln(stderr, "llmgate bench gateway: no redis-server on PATH and no --redis: skipping the redis variants")
 			cfg.Variants = slices.DeleteFunc(cfg.Variants, onRedis)
 		default:
-			r, err := startRedis(ctx, bin)
+			r, err := localredis.Start(ctx, bin)
 			if err != nil {
-				return c.Fail(err)
+				return c.Fail(fmt.Errorf("%w: %w", ErrSetup, err))
 			}
-			defer r.stop()
+			defer r.Stop()
 			cfg.Redis = r.URL
 			fmt.Fprintf(stderr, "llmgate bench gateway: started %s on %s for the redis variant\n", bin, r.URL)
 		}

@@ -163,27 +163,3 @@ func TestMainRedis(t *testing.T) {
 		t.Errorf("result names Redis %q", res.Redis)
 	}
 }
-
-// TestStartRedis: without --redis, a throw-away redis-server is started
-// and stopped.
-func TestStartRedis(t *testing.T) {
-	bin, err := testutil.RedisServerPath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := startRedis(testContext(t), bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := strings.TrimPrefix(r.URL, "redis://")
-	if err := ping(testContext(t), addr); err != nil {
-		t.Fatalf("started redis-server does not answer: %v", err)
-	}
-	r.stop()
-	if err := ping(testContext(t), addr); err == nil {
-		t.Fatal("redis-server still answers after stop")
-	}
-	if _, err := os.Stat(r.dir); !os.IsNotExist(err) {
-		t.Errorf("its directory %s is still there: %v", r.dir, err)
-	}
-}

@@ -1,9 +1,9 @@
 //go:build !linux
 
-package gatewaybench
+package localredis
 
 import "syscall"
 
 // setDeathSignal does nothing: only Linux can signal a child when its
-// parent dies; stop kills the server on every normal exit.
+// parent dies; Stop kills the server on every normal exit.
 func setDeathSignal(*syscall.SysProcAttr) {}

@@ -1,7 +1,7 @@
-package gatewaybench
+package localredis
 
 import "syscall"
 
 // setDeathSignal asks the kernel to kill a started redis-server if the
-// benchmark dies first (even by SIGKILL), so none is left behind.
+// parent dies first (even by SIGKILL), so none is left behind.
 func setDeathSignal(a *syscall.SysProcAttr) { a.Pdeathsig = syscall.SIGKILL }
