@@ -1,11 +1,9 @@
 package simrun
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,46 +11,9 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/llmgate/llmgate/internal/testutil/browser"
 )
-
-// chromium finds a Chromium or Chrome binary; without one the browser
-// tests skip, unless LLMGATE_REQUIRE_CHROMIUM=1 (scripts/test.sh installs
-// Debian's chromium and sets it).
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "chrome", "headless-shell"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("LLMGATE_REQUIRE_CHROMIUM") == "1" {
-		t.Fatal("no chromium on PATH and LLMGATE_REQUIRE_CHROMIUM=1; install it (apt-get install chromium)")
-	}
-	t.Skip("no chromium on PATH (apt-get install chromium); skipping the report's browser test")
-	return ""
-}
-
-// browser starts a headless Chromium and returns a context to drive it.
-func browser(t *testing.T) context.Context {
-	t.Helper()
-	bin := chromium(t)
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(bin), chromedp.NoSandbox, chromedp.Headless,
-		chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1280, 900),
-		chromedp.UserDataDir(t.TempDir()))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancelAlloc)
-	ctx, cancel := chromedp.NewContext(actx)
-	t.Cleanup(cancel)
-	// The first call starts the browser, which lives as long as its
-	// context: no timeout on that one.
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	tctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
-	t.Cleanup(cancelTimeout)
-	return tctx
-}
 
 // domArm is what the page shows of one arm.
 type domArm struct {
@@ -89,7 +50,7 @@ const readDOM = `(() => {
 // headless Chromium and checks that the charts exist and carry the
 // numbers of the JSON result.
 func TestReportInChromium(t *testing.T) {
-	ctx := browser(t)
+	ctx := browser.Start(t, 2*time.Minute)
 	sc := builtin(t, "burst")
 	sc.Provider.RPM = 60
 	sc.Provider.TTFT = 100 * time.Millisecond
@@ -192,7 +153,7 @@ func TestReportScreenshot(t *testing.T) {
 	if in == "" || out == "" {
 		t.Skip("set LLMGATE_SIM_REPORT=report.html and LLMGATE_SIM_SCREENSHOT=out.png to take one")
 	}
-	ctx := browser(t)
+	ctx := browser.Start(t, 2*time.Minute)
 	if strings.HasSuffix(in, ".json") {
 		data, err := os.ReadFile(in)
 		if err != nil {
