@@ -151,7 +151,7 @@ func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budge
 		// Not kept by the replicas: undo it (best effort; unreplicated too,
 		// it dies with the master) and refuse.
 		if v[0] == 1 || v[0] == 2 {
-			_ = releaseScript.lua.Exec(context.WithoutCancel(ctx), b.c, b.Keys(req.Key), []string{req.ID}).Error()
+			_ = releaseScript.Lua.Exec(context.WithoutCancel(ctx), b.c, b.Keys(req.Key), []string{req.ID}).Error()
 		}
 		return budget.ReserveResult{}, fmt.Errorf("budget: redis reserve: %w", ackErr)
 	}

@@ -438,7 +438,7 @@ func (b *Backend) confirm(ctx context.Context, key, token, entry string, ttl tim
 		b.abandon(ctx, key, token, entry)
 		return lock.Grant{}, errors.Join(lock.ErrNotObtained, err, ctx.Err())
 	}
-	return lock.Grant{Fence: g.Fence, ValidUntil: until, TTL: ttl}, nil
+	return lock.Grant{Fence: g.Fence, ValidUntil: until, TTL: ttl, HandedOff: g.HandedOff}, nil
 }
 
 // abandon takes a waiter that gives up out of the queue; if the lock was
@@ -520,7 +520,7 @@ func (b *Backend) runRelease(ctx context.Context, key, token, entry string, pass
 		args[4] = strconv.FormatInt(pass.ttl.Milliseconds(), 10)
 		args[5] = strconv.FormatInt(passLimit.Microseconds(), 10)
 	}
-	vals, err := releaseScript.lua.Exec(callCtx(ctx), b.c, []string{b.Key(key)}, args).ToArray()
+	vals, err := releaseScript.Lua.Exec(callCtx(ctx), b.c, []string{b.Key(key)}, args).ToArray()
 	if err != nil {
 		return releaseReply{}, fmt.Errorf("lock: redis release %q: %w", key, callErr(ctx, err))
 	}
