@@ -15,6 +15,8 @@ import (
 
 	"github.com/llmgate/llmgate/budget"
 	budgetredis "github.com/llmgate/llmgate/budget/redis"
+	"github.com/llmgate/llmgate/dedup"
+	dedupredis "github.com/llmgate/llmgate/dedup/redis"
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/internal/storeurl"
 	"github.com/llmgate/llmgate/internal/testutil"
@@ -262,6 +264,18 @@ func run(t *testing.T, topo topology) {
 	}
 	cachedAfter := topo.place(t, "after-", cacheTag)
 
+	// De-duplication: one flight led (by process A) since before the cut,
+	// one claimed after it. LeaseTTL 30s outlasts the outage.
+	dedupA := dedup.New(dedupredis.New(open(), dedupredis.Config{}), dedup.Options{LeaseTTL: 30 * time.Second})
+	dedupB := dedup.New(dedupredis.New(open(), dedupredis.Config{}), dedup.Options{LeaseTTL: 30 * time.Second})
+	flightBefore := topo.place(t, "fb-"+run+"-", lockTag)
+	flightAfter := topo.place(t, "fa-"+run+"-", lockTag)
+	leaderBefore, _, err := dedupA.Join(ctx, flightBefore, "fp", time.Minute)
+	if err != nil || leaderBefore == nil {
+		t.Fatalf("Join before the cut: leader %v, %v", leaderBefore, err)
+	}
+	defer func() { _ = leaderBefore.Abort(context.Background()) }()
+
 	// Names first: between the cut and the kill no time is to be lost (a
 	// replica paused for longer than the node timeout is reported failed).
 	probeKey := topo.place(t, "probe-"+run+"-", lockTag)
@@ -295,6 +309,11 @@ func run(t *testing.T, topo topology) {
 	if err := cache.Put(ctx, cachedAfter, entry, time.Hour); err != nil {
 		t.Fatal(err)
 	}
+	leaderAfter, _, err := dedupA.Join(ctx, flightAfter, "fp", time.Minute)
+	if err != nil || leaderAfter == nil {
+		t.Fatalf("Join after the cut: leader %v, %v", leaderAfter, err)
+	}
+	defer func() { _ = leaderAfter.Abort(context.Background()) }()
 
 	// The same writes with AckReplicas fail closed instead.
 	if l, err := ackLocker.TryAcquire(ctx, ackProbeKey, lock.Options{TTL: lockTTL}); !errors.Is(err, lockredis.ErrNotReplicated) {
@@ -371,6 +390,27 @@ func run(t *testing.T, topo topology) {
 		t.Logf("LOST: the answer cached while the replicas were cut off is a miss")
 	} else {
 		t.Logf("the answer cached while the replicas were cut off survived")
+	}
+
+	// De-duplication: another process joining the flight led since before
+	// the cut follows it; joining the one claimed after the cut, it leads
+	// a second, duplicate call.
+	if l, f, err := dedupB.Join(ctx, flightBefore, "fp", time.Minute); err != nil {
+		t.Errorf("Join of the flight led since before the cut: %v", err)
+	} else if l != nil {
+		t.Errorf("another process leads the flight led since before the cut: a duplicate call")
+		_ = l.Abort(ctx)
+	} else {
+		f.Close()
+	}
+	if l, f, err := dedupB.Join(ctx, flightAfter, "fp", time.Minute); err != nil {
+		t.Errorf("Join of the flight claimed after the cut: %v", err)
+	} else if l != nil {
+		t.Logf("LOST: the flight claimed while the replicas were cut off has a second leader: one duplicate upstream call")
+		_ = l.Abort(ctx)
+	} else {
+		t.Logf("the flight claimed while the replicas were cut off kept its leader")
+		f.Close()
 	}
 
 	// Spend: what was acknowledged before the cut survived; what was

@@ -1,5 +1,11 @@
 package redis_test
 
+// These tests use Sentinel clients, and a Backend's wake-up subscription on
+// a closed Sentinel client is not ended (a rueidis connection stays in
+// background mode): the file sorts after redis_test.go so that
+// TestCancellableContextKeepsFastPath, which counts such connections in
+// the whole process, runs before them.
+
 import (
 	"context"
 	"errors"
