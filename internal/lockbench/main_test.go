@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -142,9 +143,14 @@ func TestMainUncontendedKeys(t *testing.T) {
 		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
 	}
 	m := decode(t, out)
-	// Only each key's first acquisition has another (no) previous holder.
-	if s := m["self_reacquire_pct"].(float64); s < 99 {
-		t.Errorf("one key per worker: self_reacquire_pct = %v, want about 100", s)
+	// Only each key's first acquisition has another (no) previous holder:
+	// exactly 4 of them, however few acquisitions a busy machine made.
+	acq := m["acquisitions"].(float64)
+	if acq < 4 {
+		t.Fatalf("%v acquisitions, want at least one per key", acq)
+	}
+	if want := 100 * (acq - 4) / acq; math.Abs(m["self_reacquire_pct"].(float64)-want) > 0.01 {
+		t.Errorf("one key per worker: self_reacquire_pct = %v over %v acquisitions, want %.2f (all but each key's first)", m["self_reacquire_pct"], acq, want)
 	}
 	if h := m["handoffs"].(float64); h != 0 {
 		t.Errorf("one key per worker: %v hand-offs, want 0", h)
