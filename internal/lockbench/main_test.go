@@ -129,9 +129,21 @@ func TestMainUncontendedKeys(t *testing.T) {
 		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
 	}
 	m := decode(t, out)
-	// Only each key's first acquisition has another (no) previous holder.
-	if s := m["self_reacquire_pct"].(float64); s < 99 {
-		t.Errorf("one key per worker: self_reacquire_pct = %v, want about 100", s)
+	// Only each worker's (each key's) first acquisition has another (no)
+	// previous holder: one per worker that acquired at all, however few
+	// acquisitions a busy machine made (a worker may even start after the
+	// deadline). self_reacquire_pct is rounded to 0.01.
+	acq, pct := m["acquisitions"].(float64), m["self_reacquire_pct"].(float64)
+	if acq < 1 {
+		t.Fatalf("%v acquisitions, want some", acq)
+	}
+	firsts := acq * (100 - pct) / 100
+	lo, hi := 1.0, 4.0
+	if m["per_worker_min"].(float64) >= 1 {
+		lo = 4 // every worker acquired
+	}
+	if slack := 0.005 * acq / 100; firsts < lo-slack || firsts > hi+slack {
+		t.Errorf("one key per worker: self_reacquire_pct = %v over %v acquisitions: %.2f without the same previous holder, want %v to %v (each worker's first)", pct, acq, firsts, lo, hi)
 	}
 	if h := m["handoffs"].(float64); h != 0 {
 		t.Errorf("one key per worker: %v hand-offs, want 0", h)
