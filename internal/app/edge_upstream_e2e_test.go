@@ -32,6 +32,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/llmgate/llmgate/internal/config"
 	"github.com/llmgate/llmgate/internal/sim"
 )
 
@@ -235,8 +236,10 @@ func TestE2EEdgeEndlessUpstreamHeaders(t *testing.T) {
 			if peak > 256<<20 {
 				t.Errorf("gateway peak RSS %d MiB, want under 256 MiB", peak>>20)
 			}
-			if took > 2*time.Second {
-				t.Errorf("the 502 took %v, want under 2s", took)
+			// The header cap cuts it, not the time-to-headers timeout
+			// (at least its 10s floor), however slow this machine is.
+			if took >= config.DefaultTimeoutFloor {
+				t.Errorf("the 502 took %v: the time-to-headers timeout cut it (%v), not the header cap", took, config.DefaultTimeoutFloor)
 			}
 		})
 	}

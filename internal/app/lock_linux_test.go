@@ -167,8 +167,10 @@ func openPTY(t *testing.T) (*os.File, string) {
 
 // startInTerminal starts llmgate as the foreground process of a new
 // terminal session, as when a person types the command. Everything written
-// on the terminal is collected in the returned buffer.
-func startInTerminal(t *testing.T, args ...string) (*proc, *os.File) {
+// on the terminal is collected in the returned buffer; the channel is
+// closed once all of it is, after the session's last process has closed
+// the terminal.
+func startInTerminal(t *testing.T, args ...string) (*proc, *os.File, <-chan struct{}) {
 	t.Helper()
 	master, slavePath := openPTY(t)
 	slave, err := os.OpenFile(slavePath, os.O_RDWR|syscall.O_NOCTTY, 0)
@@ -192,7 +194,9 @@ func startInTerminal(t *testing.T, args ...string) (*proc, *os.File) {
 		p.code = exitStatus(cmd.ProcessState)
 		close(p.done)
 	}()
+	drained := make(chan struct{})
 	go func() {
+		defer close(drained)
 		buf := make([]byte, 4096)
 		for {
 			n, err := master.Read(buf)
@@ -206,7 +210,7 @@ func startInTerminal(t *testing.T, args ...string) (*proc, *os.File) {
 		cancel()
 		<-p.done
 	})
-	return p, master
+	return p, master, drained
 }
 
 // TestLockInteractiveTerminal: in the foreground of a terminal CMD can read
@@ -216,7 +220,7 @@ func TestLockInteractiveTerminal(t *testing.T) {
 	r := testutil.StartRedis(t)
 	t.Run("read", func(t *testing.T) {
 		script := `printf 'name? '; read name; echo "hello $name"; exit 3`
-		p, master := startInTerminal(t, "lock", "--store", r.URL(), "--key", "tty", "--", "sh", "-c", script)
+		p, master, _ := startInTerminal(t, "lock", "--store", r.URL(), "--key", "tty", "--", "sh", "-c", script)
 		p.stdout.WaitFor(t, "name? ", 30*time.Second)
 		if _, err := master.Write([]byte("bob\n")); err != nil {
 			t.Fatal(err)
@@ -229,13 +233,18 @@ func TestLockInteractiveTerminal(t *testing.T) {
 	})
 	t.Run("ctrl-c", func(t *testing.T) {
 		script := `trap 'echo "got INT"; exit 4' INT; echo ready; ` + idle
-		p, master := startInTerminal(t, "lock", "--store", r.URL(), "--key", "tty", "--", "sh", "-c", script)
+		p, master, drained := startInTerminal(t, "lock", "--store", r.URL(), "--key", "tty", "--", "sh", "-c", script)
 		p.stdout.WaitFor(t, "ready", 30*time.Second)
 		if _, err := master.Write([]byte{3}); err != nil { // ^C: SIGINT to the foreground group
 			t.Fatal(err)
 		}
 		if code, _ := p.wait(t); code != 4 {
 			t.Fatalf("exit %d, want 4; terminal %q", code, p.stdout.String())
+		}
+		select { // everything CMD wrote has been read from the terminal
+		case <-drained:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the terminal did not close after llmgate exited")
 		}
 		if n := strings.Count(p.stdout.String(), "got INT"); n != 1 {
 			t.Errorf("CMD saw SIGINT %d times, want once (llmgate must not forward the terminal's own)", n)

@@ -665,8 +665,14 @@ func (s *suite) testWokenByRelease(t *testing.T) {
 			if st := holder.Stats(); st.Acquired != 1 || st.HandedOff != 0 {
 				t.Errorf("holder's Stats %+v, want 1 acquired, none handed off", st)
 			}
-			if st := waiter.Stats(); st.Acquired != 1 || st.HandedOff != 1 {
-				t.Errorf("waiter's Stats %+v, want 1 acquired by hand-off", st)
+			// A backend with a queue hands the lock over; one without
+			// (Redlock polls) lets the waiter take it.
+			handOffs := int64(0)
+			if _, queued := inspector(waiter); queued {
+				handOffs = 1
+			}
+			if st := waiter.Stats(); st.Acquired != 1 || st.HandedOff != handOffs {
+				t.Errorf("waiter's Stats %+v, want 1 acquired, %d by hand-off", st, handOffs)
 			}
 		})
 	}
