@@ -98,6 +98,7 @@ func (g *Gateway) serveCached(ctx context.Context, w http.ResponseWriter, c *cal
 	}
 	g.metrics.cache.WithLabelValues("hit").Inc()
 	c.outcome = "cache_hit"
+	g.recordFree(c, cacheDeployment)
 	h := w.Header()
 	for k, v := range e.Header {
 		h[k] = v

@@ -125,7 +125,7 @@ func (g *Gateway) share(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		endFollow()
 		follower.Close()
 		if done {
-			g.recordFollower(c)
+			g.recordFree(c, followerDeployment)
 			return
 		}
 		if !errors.Is(err, dedup.ErrLeaderGone) || attempt >= 5 {
@@ -267,18 +267,23 @@ func (g *Gateway) follow(ctx context.Context, w http.ResponseWriter, c *call, f 
 	}
 }
 
-// followerDeployment labels de-duplicated requests in the usage rows.
-const followerDeployment = "dedup-follower"
+// The deployments of the usage rows of requests answered without an
+// upstream call of their own.
+const (
+	followerDeployment = "dedup-follower" // another request's call
+	cacheDeployment    = "cache-hit"      // the response cache
+)
 
-// recordFollower counts a request answered by another's upstream call in
-// the tenant's usage, as a request with no tokens and no cost, so the usage
-// API shows what de-duplication saved.
-func (g *Gateway) recordFollower(c *call) {
+// recordFree counts a request answered without an upstream call of its own
+// in the tenant's usage, as a request with no tokens and no cost under
+// deployment, so the usage API shows what de-duplication and the cache
+// saved.
+func (g *Gateway) recordFree(c *call, deployment string) {
 	b := c.tenant.accountingBudget()
 	win, err := b.Window(time.Now())
 	if err != nil {
 		return
 	}
 	res := budget.Reservation{ID: c.usageID(), Tenant: c.tenant.Name, Window: win, Model: c.priceModel()}
-	g.usage.add(res, budget.Record{Model: c.priceModel(), Deployment: followerDeployment})
+	g.usage.add(res, budget.Record{Model: c.priceModel(), Deployment: deployment})
 }

@@ -216,6 +216,23 @@ func TestCache(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get("X-Llmgate-Cache") != "miss" || h.sim.Stats().Total.Calls != calls+1 {
 		t.Fatalf("another tenant: %d %q", resp.StatusCode, resp.Header.Get("X-Llmgate-Cache"))
 	}
+	// The hits show in the tenant's usage rows, with no tokens or cost.
+	if err := h.gw.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := h.budgets.Usage(t.Context(), "team-a", time.Now().UTC().Format("2006-01"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hits int64 = -1
+	for _, r := range rows {
+		if r.Deployment == cacheDeployment && r.PromptTokens == 0 && r.CompletionTokens == 0 && r.MicroUSD == 0 {
+			hits = r.Requests
+		}
+	}
+	if hits != 6 {
+		t.Fatalf("usage rows %+v: want the 6 cache hits in a row of their own, with no tokens", rows)
+	}
 }
 
 // TestCacheStoresOnlyComplete: errors, interrupted streams and answers cut
