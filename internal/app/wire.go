@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/rueidis"
 
 	"github.com/llmgate/llmgate/budget"
 	budgetmemory "github.com/llmgate/llmgate/budget/memory"
@@ -98,6 +100,11 @@ func (a *App) startServer(cfg *config.Config, log *slog.Logger, secrets []string
 		return nil, err
 	}
 	opt.TenantAdmin = adm.Handler()
+	host, _ := os.Hostname()
+	opt.ReplicaName = host + ":" + strconv.Itoa(os.Getpid())
+	var stopPresence func()
+	opt.Replicas, stopPresence = startPresence(st.client, opt.ReplicaName)
+	s.closers = append(s.closers, stopPresence) // before the store's client closes
 	if gw, err = gateway.New(opt); err != nil {
 		return nil, err
 	}
@@ -118,6 +125,8 @@ type stores struct {
 	tenants tenants.Store
 	// ready pings the store (nil for the memory store).
 	ready func(context.Context) error
+	// client is the Redis client (nil for the memory store).
+	client rueidis.Client
 	// close releases them: the Redis client, or the budget file.
 	close func()
 }
@@ -156,7 +165,7 @@ func openStores(cfg *config.Config, log *slog.Logger) (_ *stores, err error) {
 		if err != nil {
 			return nil, err
 		}
-		st.close = client.Close
+		st.close, st.client = client.Close, client
 		ctx, cancel := context.WithTimeout(context.Background(), storeCheckTimeout)
 		warnings, err := redisWarnings(ctx, client, cfg)
 		cancel()

@@ -39,6 +39,14 @@ type Snapshot struct {
 	Deployments []Deployment `json:"deployments"`
 	Tenants     []Tenant     `json:"tenants"`
 	Latency     []Latency    `json:"latency"`
+	// Replicas are the gateway replicas that shared the store lately.
+	Replicas []Replica `json:"replicas"`
+}
+
+// Replica is a gateway replica seen in the store.
+type Replica struct {
+	Name     string    `json:"name"`
+	LastSeen time.Time `json:"last_seen"`
 }
 
 // Rates are per-second rates over the last interval.
@@ -98,6 +106,7 @@ type Latency struct {
 type State struct {
 	Deployments []Deployment
 	Tenants     []Tenant
+	Replicas    []Replica
 }
 
 // Config configures a Dashboard.
@@ -242,7 +251,7 @@ func (d *Dashboard) tick() {
 	cancel()
 	s, hists := d.fromMetrics()
 	s.Deployments = mergeDeployments(st.Deployments, s.Deployments)
-	s.Tenants = st.Tenants
+	s.Tenants, s.Replicas = st.Tenants, st.Replicas
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.last != nil {

@@ -7,8 +7,6 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"net/http"
-	"os"
-	"strconv"
 	"time"
 
 	"github.com/llmgate/llmgate/internal/dashboard"
@@ -23,9 +21,7 @@ const dashboardCookie = "llmgate_dashboard"
 // routeDashboard mounts the live dashboard at /dashboard/, behind the admin
 // token: as a bearer token, or as the cookie its login form sets.
 func (g *Gateway) routeDashboard(mux *http.ServeMux) {
-	replica, _ := os.Hostname()
-	replica += ":" + strconv.Itoa(os.Getpid())
-	d := dashboard.New(dashboard.Config{Gatherer: g.registry, State: g.dashboardState, Replica: replica,
+	d := dashboard.New(dashboard.Config{Gatherer: g.registry, State: g.dashboardState, Replica: g.opt.ReplicaName,
 		LatencyMetric: "llmgate_upstream_duration_seconds", LatencyLabel: "deployment"})
 	h := http.StripPrefix("/dashboard", d.Handler())
 	mux.HandleFunc("GET /dashboard", func(w http.ResponseWriter, r *http.Request) {
@@ -120,6 +116,11 @@ func (g *Gateway) dashboardState(ctx context.Context) dashboard.State {
 			}
 		}
 		st.Deployments = append(st.Deployments, dd)
+	}
+	if g.opt.Replicas != nil {
+		if reps, err := g.opt.Replicas(ctx); err == nil {
+			st.Replicas = reps
+		}
 	}
 	now := time.Now()
 	for _, t := range g.tenantList() {

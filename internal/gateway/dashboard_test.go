@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/dashboard"
 	"github.com/llmgate/llmgate/internal/testutil/browser"
 )
 
@@ -32,6 +34,10 @@ func TestDashboardInChromium(t *testing.T) {
 			o.Deployments[i].Limits = Limits{RPM: 1200, TPM: 200_000}
 		}
 		h.teamA.Budget = &b
+		o.ReplicaName = "gateway-1"
+		o.Replicas = func(context.Context) ([]dashboard.Replica, error) {
+			return []dashboard.Replica{{Name: "gateway-1", LastSeen: time.Now()}}, nil
+		}
 	}})
 	// Started after the gateway, so stopped before it: its event stream
 	// would hold the test server's Close.
@@ -99,6 +105,9 @@ func TestDashboardInChromium(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond) // the page updates once a second
 	}
+	if dom.Replicas != "gateway-1" {
+		t.Errorf("replicas shown %q, want this one", dom.Replicas)
+	}
 	if dom.Store != "true" {
 		t.Errorf("store shown %q, want up", dom.Store)
 	}
@@ -149,6 +158,7 @@ type pageState struct {
 	Limited     float64 `json:"limited"`
 	Upstream429 float64 `json:"upstream429"`
 	Store       string  `json:"store"`
+	Replicas    string  `json:"replicas"`
 	Points      int     `json:"points"`
 	Deployments map[string]struct {
 		OK       float64 `json:"ok"`
@@ -174,6 +184,7 @@ const readDashboard = `(() => {
     limited: num(document.getElementById("limited-total")),
     upstream429: num(document.getElementById("upstream429-total")),
     store: document.getElementById("store").dataset.up,
+    replicas: document.getElementById("replicas").dataset.names,
     points: (document.querySelector("#chart-requests polyline").dataset.values || "").split(",").filter(Boolean).length,
     deployments: {}, tenants: {}, latency: [], latency_count: 0,
     max_rate: Math.max(0, ...(document.querySelector("#chart-requests polyline").dataset.values || "0").split(",").map(Number)),

@@ -4,10 +4,13 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/dedup"
+	"github.com/llmgate/llmgate/internal/dashboard"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/respcache"
 	"github.com/llmgate/llmgate/lock"
@@ -149,6 +152,13 @@ type Options struct {
 	// error messages. The provider keys and the admin and metrics tokens,
 	// in practice.
 	Secrets []string
+
+	// ReplicaName names this replica (on the dashboard). Default
+	// hostname:pid.
+	ReplicaName string
+	// Replicas lists the replicas that shared the store lately, for the
+	// dashboard; nil shows none.
+	Replicas func(ctx context.Context) ([]dashboard.Replica, error)
 
 	Logger *slog.Logger
 	// AccessLog logs one line per request at info (accesslog.go).
@@ -328,6 +338,10 @@ func (o Options) withDefaults() Options {
 	positive(&o.Cache.MaxTTL, DefaultCacheMaxTTL)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.ReplicaName == "" {
+		host, _ := os.Hostname()
+		o.ReplicaName = host + ":" + strconv.Itoa(os.Getpid())
 	}
 	if o.Ready == nil {
 		o.Ready = func(context.Context) error { return nil }
