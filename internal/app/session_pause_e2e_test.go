@@ -150,11 +150,15 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 	// would find its admission granted when it runs again. Its turn must
 	// not be sent: it lost the session to turn 2 meanwhile.
 	t.Run("waiting for admission", func(t *testing.T) {
+		const hold = 3 * ttl
 		rds := testutil.StartRedis(t)
 		s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
 		reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info",
 			Limits: "{concurrency: 1}", MaxWait: "60s",
-			Extra: fmt.Sprintf("sessions: {ttl: %v}\nratelimit: {reservation_hold: %v}\n", ttl, ttl)})
+			// The blocker's permit must outlive a stalled renewal on a
+			// loaded machine (renewed every half hold), or it frees and
+			// turn 1 goes out before A is paused: three TTLs.
+			Extra: fmt.Sprintf("sessions: {ttl: %v}\nratelimit: {reservation_hold: %v}\n", ttl, hold)})
 		ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 		defer cancel()
 		client := rds.Client(t)
@@ -172,6 +176,11 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 
 		resume := reps[0].pause(t)
 		pausedAt := time.Now()
+		for _, c := range s.seen() {
+			if strings.Contains(c.body, `session p turn 1"`) {
+				t.Fatal("turn 1 reached the provider before A was paused: it was not waiting for admission")
+			}
+		}
 		second := make(chan reply, 1)
 		go func() { second <- send(ctx, reps[1], turn(2), hdr...) }()
 		waitUntil(t, 30*time.Second, "turn 2 waits for the session", func() bool {
@@ -184,9 +193,9 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 		s.release() // the permit is free: the paused turn 1 is first in line for it
 
 		// A's lease runs out within the TTL of the pause; the permit the
-		// queue handed to the paused A, within one reservation hold (also
-		// ttl) of that.
-		bound := 2*ttl + margin
+		// queue handed to the paused A, within one reservation hold of
+		// that.
+		bound := ttl + hold + margin
 		s.waitArrival(t, `session p turn 2"`, bound)
 		t.Logf("turn 2 reached the provider %v after its session's holder was paused", time.Since(pausedAt).Round(time.Millisecond))
 		if r := <-second; r.err != nil || r.status != http.StatusOK {
