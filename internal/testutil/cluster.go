@@ -183,12 +183,7 @@ func (c *Cluster) Client(tb testing.TB) rueidis.Client {
 
 // node returns the node listening on addr, or nil.
 func (c *Cluster) node(addr string) *Redis {
-	for _, n := range c.Nodes {
-		if n.Addr == addr {
-			return n
-		}
-	}
-	return nil
+	return nodeAt(c.Nodes, addr)
 }
 
 // slotsFrom reads CLUSTER SLOTS from one node.

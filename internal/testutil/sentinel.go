@@ -159,12 +159,7 @@ func (s *Sentinel) Client(tb testing.TB) rueidis.Client {
 
 // node returns the data node listening on addr, or nil.
 func (s *Sentinel) node(addr string) *Redis {
-	for _, n := range s.Data {
-		if n.Addr == addr {
-			return n
-		}
-	}
-	return nil
+	return nodeAt(s.Data, addr)
 }
 
 // masterFrom asks one sentinel for the master's address.

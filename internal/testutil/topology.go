@@ -277,3 +277,13 @@ func SharedSentinel(tb testing.TB) *Sentinel {
 	}
 	return shared.sentinel
 }
+
+// nodeAt returns the node of nodes listening on addr, or nil.
+func nodeAt(nodes []*Redis, addr string) *Redis {
+	for _, n := range nodes {
+		if n.Addr == addr {
+			return n
+		}
+	}
+	return nil
+}
