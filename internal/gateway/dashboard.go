@@ -7,6 +7,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/llmgate/llmgate/internal/dashboard"
@@ -40,7 +41,11 @@ func (g *Gateway) routeDashboard(mux *http.ServeMux) {
 			w.Header().Set("Content-Type", "text/html; charset=utf-8")
 			w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
 			w.WriteHeader(http.StatusUnauthorized)
-			_, _ = w.Write([]byte(dashboardLogin))
+			page := dashboardLogin
+			if r.URL.Query().Has("refused") {
+				page = strings.Replace(page, "<button", dashboardRefused+"<button", 1)
+			}
+			_, _ = w.Write([]byte(page))
 		default:
 			errf(http.StatusUnauthorized, "authentication_error", "invalid_admin_token", "",
 				"The dashboard needs the admin token: log in at /dashboard/.").Write(w)
@@ -93,6 +98,11 @@ form{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:1.5rem;d
 <body><form method="post" action="/dashboard/login">
 <b>llmgate dashboard</b><label>Admin token <input id="token" name="token" type="password" autocomplete="current-password" required autofocus></label>
 <button id="login" type="submit">Log in</button></form></body></html>
+`
+
+// dashboardRefused tells a person, and a test, that the last token typed
+// was wrong.
+const dashboardRefused = `<p id="refused" role="alert" style="color:#b91c1c;margin:0">That token was refused.</p>
 `
 
 // dashboardState is the store's view of every deployment's quota and every

@@ -47,7 +47,9 @@ func TestDashboardInChromium(t *testing.T) {
 		chromedp.WaitVisible(chromedp.ID("token")),
 		chromedp.SendKeys(chromedp.ID("token"), "wrong"),
 		chromedp.Click(chromedp.ID("login")),
-		chromedp.WaitVisible(chromedp.ID("token")),
+		// The refusal is a new page: typing before it loads would type
+		// into the old one.
+		chromedp.WaitVisible(chromedp.ID("refused")),
 		chromedp.SendKeys(chromedp.ID("token"), adminToken),
 		chromedp.Click(chromedp.ID("login")),
 		chromedp.WaitVisible(chromedp.ID("requests-total")),
