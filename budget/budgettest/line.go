@@ -102,7 +102,7 @@ func (s *suite) testLineFirstComeFirstServed(t *testing.T) {
 	l.settle(0, "held-2", 0)
 	l.woken(0, "big")
 	l.want(0, "big", 600, lease, true, false) // 100 spent + 600
-	l.woken(1, "small")                      // big's admission woke the next
+	l.woken(1, "small")                       // big's admission woke the next
 	l.want(1, "small", 100, lease, true, false)
 	l.want(1, "small", 100, lease, true, false) // a retry: held, not taken twice
 	wantStatus(t, l.manager(), l.b, l.clk.Now(), budget.Amount{Tokens: 100}, budget.Amount{Tokens: 700}, 2)

@@ -113,8 +113,8 @@ type window struct {
 	expired         map[string]*hold     // settled IDs charged by expiry, with what was charged
 	rows            map[rowKey]*budget.UsageRow
 	keep            time.Time
-	line            []*waiter            // requests waiting for room, oldest first
-	learned         map[string]*learned  // per reserved model
+	line            []*waiter           // requests waiting for room, oldest first
+	learned         map[string]*learned // per reserved model
 }
 
 // learned is what a window learned of one model's answers.
