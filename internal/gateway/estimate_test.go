@@ -42,10 +42,13 @@ func TestCompletionEstimates(t *testing.T) {
 }
 
 // TestCompletionEstimateLearned: requests without max_tokens through the
-// gateway teach it what their completions use; requests with max_tokens
-// do not.
+// gateway teach it what their completions use, and, for a tenant with a
+// budget, teach the budget store, where a replica that served none of
+// them finds it; requests with max_tokens do not.
 func TestCompletionEstimateLearned(t *testing.T) {
-	h := newHarness(t, harnessConfig{})
+	h := newHarness(t, harnessConfig{edit: func(_ *Options, h *harness) {
+		h.teamA.Budget = &budget.Budget{Tenant: "team-a", Period: budget.Month, Tokens: 1_000_000}
+	}})
 	body := `{"model":"gpt-4.1","messages":[{"role":"user","content":"Tell me about token buckets."}]}`
 	var largest int64
 	for range budget.LearnMinSamples {
@@ -70,5 +73,15 @@ func TestCompletionEstimateLearned(t *testing.T) {
 	}
 	if got := h.gw.estimates.get("team-a", "gpt-4.1-mini", DefaultCompletionEstimate); got != DefaultCompletionEstimate {
 		t.Fatalf("a model never used: %d", got)
+	}
+	cold, err := budget.New(h.budgets.Backend(), budget.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cold.Reserve(t.Context(), *h.teamA.Budget, "", "gpt-4.1", budget.Usage{PromptTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := cold.Learned("team-a", "gpt-4.1"); !ok || got != largest {
+		t.Fatalf("another replica finds %d, %v in the budget store; want the largest completion %d", got, ok, largest)
 	}
 }
