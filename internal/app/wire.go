@@ -177,8 +177,10 @@ func openStores(cfg *config.Config, log *slog.Logger) (_ *stores, err error) {
 		}
 		limits = rlredis.New(client, rlredis.Config{})
 		budgets = budgetredis.New(client, budgetredis.Config{})
-		st.locks = lockredis.New(client, lockredis.Config{})
-		st.dedup = dedupredis.New(client, dedupredis.Config{})
+		locks, dd := lockredis.New(client, lockredis.Config{}), dedupredis.New(client, dedupredis.Config{})
+		// Their wake-up subscriptions' connections are theirs to close.
+		st.close = func() { locks.Close(); dd.Close(); client.Close() }
+		st.locks, st.dedup = locks, dd
 		st.cache = respcache.NewRedis(client, "")
 		st.tenants = tenants.NewRedis(client, "")
 		st.ready = func(ctx context.Context) error {
