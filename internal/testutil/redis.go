@@ -26,6 +26,9 @@ type Redis struct {
 	dir  string
 	conf string   // config file given before every argument, or "" (sentinels need one)
 	args []string // extra redis-server arguments, after the defaults
+	// password is the server's requirepass, which Command and Client
+	// authenticate with; "" for none.
+	password string
 
 	mu     sync.Mutex // protects cmd and exited
 	cmd    *exec.Cmd
@@ -196,7 +199,7 @@ func (r *Redis) Restart() error {
 // Client returns a rueidis client for the server, closed when the test ends.
 func (r *Redis) Client(tb testing.TB) rueidis.Client {
 	tb.Helper()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true, Password: r.password})
 	if err != nil {
 		tb.Fatalf("connect to redis %s: %v", r.Addr, err)
 	}
