@@ -26,6 +26,10 @@ var (
 	// ?connections=N is not a power of two from 1 to MaxConnections; it
 	// comes wrapped with ErrBadURL.
 	ErrBadConnections = fmt.Errorf("connections must be a power of two from 1 to %d", MaxConnections)
+	// ErrSentinelAuth is the failure of a URL with sentinel_username or
+	// sentinel_password but no master_set; it comes wrapped with
+	// ErrBadURL.
+	ErrSentinelAuth = errors.New("sentinel_username and sentinel_password need master_set (a Sentinel URL)")
 )
 
 // IsMemory reports whether s names the embedded in-process store.
@@ -143,7 +147,7 @@ func sentinelAuth(s string, sentinel bool) (user, password string, err error) {
 	}
 	q := u.Query()
 	if !sentinel && (q.Has("sentinel_username") || q.Has("sentinel_password")) {
-		return "", "", errors.New("sentinel_username and sentinel_password need master_set (a Sentinel URL)")
+		return "", "", ErrSentinelAuth
 	}
 	return q.Get("sentinel_username"), q.Get("sentinel_password"), nil
 }
