@@ -70,7 +70,10 @@ var errCacheNotConnected = errors.New("cache store not connected yet")
 // connect tries once to open the Redis, warns about its settings, and
 // reports whether it is open.
 func (r *remoteCache) connect() bool {
-	client, err := storeurl.OpenRedis(r.url)
+	// No retries: a failed cache call is a miss that costs nothing, where
+	// retrying a Redis that is down would hold the request until its
+	// deadline.
+	client, err := storeurl.OpenRedisWith(r.url, func(o *rueidis.ClientOption) { o.DisableRetry = true })
 	if err != nil {
 		r.log.Debug("cache store not reachable", "err", err) // the error shows no password
 		return false

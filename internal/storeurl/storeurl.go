@@ -236,10 +236,17 @@ func pipelineMultiplex(s string) (int, error) {
 
 // OpenRedis connects to the Redis named by s. It fails fast, with a
 // password-free message, when the URL is bad or the server is unreachable.
-func OpenRedis(s string) (rueidis.Client, error) {
+func OpenRedis(s string) (rueidis.Client, error) { return OpenRedisWith(s, nil) }
+
+// OpenRedisWith is OpenRedis with the options of s changed by edit (when
+// not nil) before connecting.
+func OpenRedisWith(s string, edit func(*rueidis.ClientOption)) (rueidis.Client, error) {
 	opt, err := RedisOption(s)
 	if err != nil {
 		return nil, err
+	}
+	if edit != nil {
+		edit(&opt)
 	}
 	c, err := rueidis.NewClient(opt)
 	if err != nil {

@@ -26,8 +26,8 @@ type Redis struct {
 	dir  string
 	conf string   // config file given before every argument, or "" (sentinels need one)
 	args []string // extra redis-server arguments, after the defaults
-	// password is the server's requirepass, which Command and Client
-	// authenticate with; "" for none.
+	// password is the server's requirepass (from args), which Command and
+	// Client authenticate with; "" for none.
 	password string
 
 	mu     sync.Mutex // protects cmd and exited
@@ -68,6 +68,7 @@ func StartRedis(tb testing.TB) *Redis {
 // StartRedisArgs is StartRedis with extra redis-server arguments, which
 // override the defaults: for example "--appendonly", "yes",
 // "--appendfsync", "always" for a server whose data survives Restart.
+// With "--requirepass", P, Client and Command authenticate with P.
 func StartRedisArgs(tb testing.TB, args ...string) *Redis {
 	tb.Helper()
 	r, err := NewRedisArgs(tb.TempDir(), args...)
@@ -96,6 +97,11 @@ func newRedis(dir, conf string, args ...string) (*Redis, error) {
 			return nil, err
 		}
 		r := &Redis{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, conf: conf, args: args}
+		for i, a := range args[:max(len(args)-1, 0)] {
+			if a == "--requirepass" {
+				r.password = args[i+1]
+			}
+		}
 		err = r.Start()
 		if err == nil {
 			return r, nil

@@ -93,7 +93,6 @@ func NewSentinelAuth(dir string, auth SentinelAuth) (*Sentinel, error) {
 			s.Stop()
 			return nil, err
 		}
-		r.password = auth.Data
 		s.Data = append(s.Data, r)
 	}
 	// Sentinels learn the replicas from the master's INFO at once if they
@@ -149,7 +148,6 @@ func NewSentinelAuth(dir string, auth SentinelAuth) (*Sentinel, error) {
 			s.Stop()
 			return nil, err
 		}
-		r.password = auth.Sentinels
 		s.Sentinels = append(s.Sentinels, r)
 	}
 	if err := s.WaitStable(ctx); err != nil {
