@@ -107,17 +107,9 @@ func TestOpenRedisSentinel(t *testing.T) {
 		}
 		c.Close()
 	}
-	m, err := s.Master(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v, err := m.Command(ctx, "GET", "storeurl:s"); err != nil {
-		t.Fatal(err)
-	} else if got, _ := v.ToString(); got != "1" {
-		t.Errorf("the master holds %q, want the value written through the sentinels", got)
-	}
+	masterHolds(t, ctx, s, "storeurl:s", "1")
 	// A master set the sentinels do not know: an error without the password.
-	_, err = OpenRedis("redis://:s3cret@" + strings.Join(a, ",") + "?master_set=nosuch")
+	_, err := OpenRedis("redis://:s3cret@" + strings.Join(a, ",") + "?master_set=nosuch")
 	if err == nil {
 		t.Fatal("connected to an unknown master set")
 	}
@@ -143,15 +135,7 @@ func TestOpenRedisSentinelAuth(t *testing.T) {
 		t.Errorf("SET through the sentinels: %v", err)
 	}
 	c.Close()
-	m, err := s.Master(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v, err := m.Command(ctx, "GET", "storeurl:auth"); err != nil {
-		t.Fatal(err)
-	} else if got, _ := v.ToString(); got != "1" {
-		t.Errorf("the master holds %q, want the value written through the sentinels", got)
-	}
+	masterHolds(t, ctx, s, "storeurl:auth", "1")
 	for name, u := range map[string]string{
 		"no sentinel password":    strings.Replace(s.URL(), "&sentinel_password="+url.QueryEscape(auth.Sentinels), "", 1),
 		"wrong sentinel password": strings.Replace(s.URL(), "&sentinel_password=", "&sentinel_password=x", 1),
@@ -172,6 +156,21 @@ func TestOpenRedisSentinelAuth(t *testing.T) {
 				t.Errorf("%s: the error shows a password: %v", name, err)
 			}
 		}
+	}
+}
+
+// masterHolds checks that the master the sentinels name holds want under
+// key, written through them.
+func masterHolds(t *testing.T, ctx context.Context, s *testutil.Sentinel, key, want string) {
+	t.Helper()
+	m, err := s.Master(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := m.Command(ctx, "GET", key); err != nil {
+		t.Fatal(err)
+	} else if got, _ := v.ToString(); got != want {
+		t.Errorf("the master holds %q, want the value written through the sentinels", got)
 	}
 }
 
