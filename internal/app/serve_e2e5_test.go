@@ -329,7 +329,7 @@ func TestE2ECacheHitsAcrossReplicas(t *testing.T) {
 	defer cancel()
 	rc := rds.Client(t)
 	entries := func() int {
-		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*:e:*`).Build()).AsStrSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -511,7 +511,7 @@ func TestE2ECacheTTLs(t *testing.T) {
 	defer cancel()
 	rc := rds.Client(t)
 	entries := func() map[string]bool {
-		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*:e:*`).Build()).AsStrSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -617,7 +617,7 @@ func TestE2ECacheStampede(t *testing.T) {
 	}
 	rc := rds.Client(t)
 	waitUntil(t, 10*time.Second, "the answer is in the cache", func() bool {
-		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*:e:*`).Build()).AsStrSlice()
 		return err == nil && len(keys) == 1
 	})
 	hit := send(ctx, reps[2], body)
@@ -667,7 +667,7 @@ func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
 			hkey := dedupredis.New(rc, dedupredis.Config{}).Key("idem:team-a:" + key)
 			waitUntil(t, 10*time.Second, "the flight is finished and the answer cached", func() bool {
 				st, err := rc.Do(ctx, rc.B().Hget().Key(hkey).Field("s").Build()).ToString()
-				keys, kerr := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+				keys, kerr := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*:e:*`).Build()).AsStrSlice()
 				return err == nil && st == "f" && kerr == nil && len(keys) == 1
 			})
 			if ms, err := rc.Do(ctx, rc.B().Pttl().Key(hkey).Build()).AsInt64(); err != nil || ms > time.Hour.Milliseconds() || ms < (59*time.Minute).Milliseconds() {
