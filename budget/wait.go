@@ -3,6 +3,7 @@ package budget
 import (
 	"context"
 	"errors"
+	"github.com/llmgate/llmgate/clock"
 	"time"
 )
 
@@ -81,23 +82,12 @@ func (m *Manager) ReserveWaitFunc(ctx context.Context, b Budget, id, model strin
 		} else if werr != nil {
 			// The store failed: the next Reserve says whether it is back.
 			m.storeErrors.Add(1)
-			if err := sleepCtx(ctx, wait); err != nil {
+			if err := clock.Sleep(ctx, wait); err != nil {
 				m.leave(ctx, key, id)
 				return Reservation{}, err
 			}
 		}
 		// Woken, or time to renew the place: try again.
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 
