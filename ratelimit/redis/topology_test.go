@@ -54,6 +54,27 @@ func TestConformanceCluster3(t *testing.T) {
 	check()
 }
 
+// TestConformanceShardedCluster3 runs the cross-group cases on the Cluster:
+// each group is its own hash tag, so the parts of a request are on
+// different shards.
+func TestConformanceShardedCluster3(t *testing.T) {
+	c := testutil.SharedCluster(t)
+	ratelimittest.RunSharded(t, func(t *testing.T, g string) ratelimit.Backend {
+		cl := c.Client(t)
+		return inspectedGroup{Backend: redis.New(cl, redis.Config{Group: g}), c: cl, group: g}
+	})
+}
+
+// TestConformanceShardedSentinel runs the cross-group cases through a
+// Sentinel client.
+func TestConformanceShardedSentinel(t *testing.T) {
+	s := testutil.SharedSentinel(t)
+	ratelimittest.RunSharded(t, func(t *testing.T, g string) ratelimit.Backend {
+		cl := s.Client(t)
+		return inspectedGroup{Backend: redis.New(cl, redis.Config{Group: g}), c: cl, group: g}
+	})
+}
+
 // TestConformanceSentinel runs the suite through a Sentinel client.
 func TestConformanceSentinel(t *testing.T) {
 	s := testutil.SharedSentinel(t)
