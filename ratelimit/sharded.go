@@ -227,7 +227,7 @@ func decodeShardID(id string) (groups []string, index, rid string, ok bool) {
 			return nil, "", "", false
 		}
 		l, err := strconv.Atoi(size)
-		if err != nil || l < 0 || l > len(rest) || (len(size) > 1 && size[0] == '0') {
+		if err != nil || size[0] < '0' || size[0] > '9' || l > len(rest) || (len(size) > 1 && size[0] == '0') {
 			return nil, "", "", false
 		}
 		groups[k], rest = rest[:l], rest[l:]
