@@ -24,7 +24,8 @@
 // With a remote store, WithLocalQuota lets a Limiter admit most requests
 // far from every limit without a store round trip, from blocks of capacity
 // it reserved in one store decision; near a limit it decides per request as
-// above.
+// above. Sharded spreads the limits over several backends (groups: a Redis
+// Cluster's shards), one per deployment and one per tenant, say.
 package ratelimit
 
 import (

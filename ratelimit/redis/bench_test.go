@@ -3,6 +3,8 @@ package redis_test
 import (
 	"context"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,4 +82,95 @@ func BenchmarkAllowSettle3Limits(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkSharded is the cost of spanning groups (ratelimit.Sharded): a
+// gateway request's three limits in one group (a tenant without limits of
+// its own: the deployment's RPM and TPM, and a third deployment limit in
+// its place) against the same three over two groups (the tenant's RPM in
+// the tenant's group), one Redis. Serial: the latency of a decision, and
+// of a decision and its settle; parallel16: throughput. scripts/op counts
+// the scripts the server ran per operation.
+func BenchmarkSharded(b *testing.B) {
+	r := testutil.StartRedis(b)
+	sh := ratelimit.NewSharded(gatewayGroup, func(g string) ratelimit.Backend { return redis.New(r.Client(b), redis.Config{Group: g}) })
+	l := ratelimit.New(sh)
+	ctx := context.Background()
+	one := threeLimits()
+	one.Charges[2].Scope = "deployment:key1/gpt-4.1#slow"
+	for _, tc := range []struct {
+		name string
+		req  ratelimit.Request
+	}{{"one-group", one}, {"two-groups", threeLimits()}} {
+		if d, err := l.Allow(ctx, tc.req); err != nil || !d.Allowed { // loads the script
+			b.Fatalf("Allow = %+v, %v", d, err)
+		}
+		b.Run(tc.name+"/serial", func(b *testing.B) {
+			defer scriptsPerOp(b, r)()
+			for b.Loop() {
+				d, err := l.Allow(ctx, tc.req)
+				if err != nil || !d.Allowed {
+					b.Fatalf("Allow = %+v, %v", d, err)
+				}
+			}
+		})
+		b.Run(tc.name+"/serial-settle", func(b *testing.B) {
+			defer scriptsPerOp(b, r)()
+			actual := []int64{1, 900, 1}
+			for b.Loop() {
+				d, err := l.Allow(ctx, tc.req)
+				if err != nil || !d.Allowed {
+					b.Fatalf("Allow = %+v, %v", d, err)
+				}
+				if err := l.Settle(ctx, d.ID, actual); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(tc.name+"/parallel16", func(b *testing.B) {
+			defer scriptsPerOp(b, r)()
+			b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if d, err := l.Allow(ctx, tc.req); err != nil || !d.Allowed {
+						b.Errorf("Allow = %+v, %v", d, err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// gatewayGroup groups scopes as the gateway does: a deployment's
+// ("deployment:X", "deployment:X#...") in one group, a tenant's in another.
+func gatewayGroup(scope string) string {
+	g, _, _ := strings.Cut(scope, "#")
+	return g
+}
+
+// scriptsPerOp reads the scripts r ran, and returns a func that reports
+// those run since per operation of b.
+func scriptsPerOp(b *testing.B, r *testutil.Redis) func() {
+	start := scripts(b, r)
+	return func() { b.ReportMetric(float64(scripts(b, r)-start)/float64(b.N), "scripts/op") }
+}
+
+func scripts(b *testing.B, r *testutil.Redis) int64 {
+	res, err := r.Command(context.Background(), "INFO", "commandstats")
+	if err != nil {
+		b.Fatal(err)
+	}
+	info, err := res.ToString()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
+			calls, _, _ := strings.Cut(rest, ",")
+			n, _ = strconv.ParseInt(calls, 10, 64)
+		}
+	}
+	return n
 }
