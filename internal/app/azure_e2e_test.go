@@ -17,6 +17,7 @@ import (
 // OpenAI (resource URL, api_version, a deployment name per model), serves
 // the OpenAI SDK's chat completions through llmgate serve.
 func TestE2EAzureProvider(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	s := newE2ESim(t, sim.Config{APIKeys: []string{e2eProviderKey}, AzureDeployments: map[string]string{"prod-41": "gpt-4.1"}})
 	y := gatewayConfig{Store: "memory", SimURL: s.url, LogLevel: "info"}.yaml()

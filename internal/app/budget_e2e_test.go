@@ -24,6 +24,7 @@ import (
 // a replica that has not yet seen an answer of its own keeps that
 // estimate, and its waiters cannot fit the last few hundred tokens.
 func TestE2EBudgetUsedUnderOverDemand(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	const (
 		budgetTokens = 5000

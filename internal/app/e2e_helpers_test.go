@@ -239,7 +239,9 @@ func launchServe(t *testing.T, name string, env []string, args ...string) *repli
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), replicaLifetime)
 	cmd := exec.CommandContext(ctx, llmgateBin, append([]string{"serve"}, args...)...)
-	cmd.Env = append(cleanEnv(), env...)
+	// Each test keeps its own state directory: tests run in parallel,
+	// and two memory stores must not share a budget file.
+	cmd.Env = append(append(cleanEnv(), "XDG_STATE_HOME="+stateHome(t)), env...)
 	r := &replica{name: name, cmd: cmd, stderr: testutil.NewBuffer(), stdout: testutil.NewBuffer(), done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = r.stdout, r.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -264,6 +266,21 @@ func launchServe(t *testing.T, name string, env []string, args ...string) *repli
 	})
 	t.Cleanup(func() { r.stop(t) })
 	return r
+}
+
+// stateHomes holds each running test's state directory, by *testing.T.
+var stateHomes sync.Map
+
+// stateHome is t's XDG_STATE_HOME, the same for every replica of t, so
+// that a replica restarted in t finds what it wrote.
+func stateHome(t *testing.T) string {
+	if d, ok := stateHomes.Load(t); ok {
+		return d.(string)
+	}
+	d := t.TempDir()
+	stateHomes.Store(t, d)
+	t.Cleanup(func() { stateHomes.Delete(t) })
+	return d
 }
 
 // cleanEnv is the test's environment without the settings that would

@@ -487,6 +487,7 @@ func (cs *clientStreams) waitKilled(t *testing.T) {
 // (Tokens served after the last renewal, above an estimate that was not an
 // upper bound, may go uncharged: see the budget package doc.)
 func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	const (
 		capTokens = 100_000 // never reached
@@ -613,6 +614,7 @@ func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
 // cap is not overshot: the expiries charge the estimates), and replica B
 // refuses the next request: the dead replica's spend counts.
 func TestE2EKilledReplicaSpendWithMaxTokens(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	const (
 		maxTokens = 30

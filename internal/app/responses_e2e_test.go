@@ -19,6 +19,7 @@ import (
 // through one replica, streams one through another, and retrieves and
 // continues each through a replica that did not create it.
 func TestE2EResponsesAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	rds := testutil.StartRedis(t)
 	s := newE2ESim(t, sim.Config{APIKeys: []string{e2eProviderKey}})

@@ -43,6 +43,7 @@ const (
 // the same events in the same order), one as the leader and 99 as
 // followers, each with its own request id.
 func TestE2EDedupAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	rds := testutil.StartRedis(t)
 	// A delay per token, so that followers relay a stream while it is
@@ -140,6 +141,7 @@ func dedupBurst(t *testing.T, s *gatedSim, reps []*replica, stream bool) {
 // with the body's keys in another order); the key with another body gets
 // 409 on every replica, and the stored answer survives that.
 func TestE2EIdempotencyKeyAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	rds := testutil.StartRedis(t)
 	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
@@ -211,6 +213,7 @@ func TestE2EIdempotencyKeyAcrossReplicas(t *testing.T) {
 // answer, one of them as the new leader; the provider saw two calls in all
 // (the dead one and the takeover).
 func TestE2EDedupLeaderKilled(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	const (
 		leaseTTL   = 2 * time.Second
@@ -314,6 +317,7 @@ func TestE2EDedupLeaderKilled(t *testing.T) {
 // misses used the tenant's whole minute, which a final uncached request
 // shows (429).
 func TestE2ECacheHitsAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	const hitsPerReplica = 3
 	rds := testutil.StartRedis(t)
@@ -392,6 +396,7 @@ var sessionTurnRE = regexp.MustCompile(`session (\d+) turn (\d+)"`)
 // provider holds turn 0 of every session, and turn k is sent only once the
 // session's queue in Redis holds k waiters.
 func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	const sessions, turns = 3, 30
 	rds := testutil.StartRedis(t)
@@ -494,6 +499,7 @@ func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 // it opts into, and a request's x-llmgate-cache-ttl opts in any model;
 // x-llmgate-cache: skip neither reads nor writes the cache.
 func TestE2ECacheTTLs(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	rds := testutil.StartRedis(t)
 	models := []string{"gpt-4.1", "gpt-4.1-mini"}
@@ -581,6 +587,7 @@ func TestE2ECacheTTLs(t *testing.T) {
 // once over three replicas while the provider holds the first: one
 // upstream call, 30 identical answers; the next is a cache hit.
 func TestE2ECacheStampede(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	const n = 30
 	rds := testutil.StartRedis(t)
@@ -631,6 +638,7 @@ func TestE2ECacheStampede(t *testing.T) {
 // budget. The followers show in the usage rows as requests without tokens;
 // the idempotency key's answer is kept for dedup.idempotency_ttl (1h).
 func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
+	t.Parallel()
 	const prompt = "pay once"
 	body := fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":64,"messages":[{"role":"user","content":%q}]}`, prompt)
 	// The reservation the gateway makes: the prompt as counted offline
@@ -729,6 +737,7 @@ func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
 // lease: the next turn, queued on another replica, reaches the provider
 // within the lease plus a margin, with a higher fencing token.
 func TestE2ESessionReplicaKilled(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	const (
 		ttl = 2 * time.Second
