@@ -23,6 +23,7 @@ import (
 // to, is still one limit for both replicas: its fifth request in the
 // minute is refused, whichever deployment and replica it comes through.
 func TestE2EReplicasShardLimitsOverCluster(t *testing.T) {
+	t.Parallel()
 	logRuntime(t)
 	cl := testutil.StartCluster3(t)
 	models := []string{"gpt-4.1", "gpt-4.1-mini", "gpt-4o", "gpt-4o-mini"}
