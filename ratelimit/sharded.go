@@ -22,7 +22,9 @@ import (
 // groups answer in parallel), and admitted only when every group admitted
 // its part; otherwise the parts that were admitted are given back. So no
 // limit ever admits more than it allows; a refused request may hold
-// capacity in another group until it is given back, one round trip later.
+// capacity in another group until it is given back, one round trip later
+// (near a limit, two requests that each took a part the other needs are
+// both refused by Allow; Wait queues them).
 //
 // Waiting spans groups too. The home group is the one of the request's
 // lane (its first charge's, normally the deployment); the others (the
