@@ -156,21 +156,29 @@ func (s *Sharded) cut(r *Request) (*shardSplit, error) {
 			}
 		}
 	}
-	sp := &shardSplit{owner: s, charges: r.Charges, status: make([]Status, len(r.Charges))}
+	sp := &shardSplit{owner: s, charges: r.Charges, status: make([]Status, len(r.Charges)), parts: make([]*shardPart, len(groups))}
+	// One array for the parts, one for their charges, part after part.
+	var counts [maxGroups]int
+	for _, k := range index {
+		counts[k]++
+	}
+	parts, charges := make([]shardPart, len(groups)), make([]Charge, 0, len(r.Charges))
+	for k, g := range groups {
+		p := &parts[k]
+		p.b, p.r = s.backend(g), *r
+		p.r.shard, p.r.Charges = nil, charges[len(charges):len(charges):len(charges)+counts[k]]
+		charges = charges[:len(charges)+counts[k]]
+		sp.parts[k] = p
+	}
+	for i, c := range r.Charges {
+		p := sp.parts[index[i]]
+		p.r.Charges = append(p.r.Charges, c)
+		sp.status[i] = Status{Scope: c.Scope, Kind: c.Limit.Kind, Limit: c.Limit.Limit, Remaining: c.Limit.burst()}
+	}
 	for i, k := range index {
 		index[i] = digits[k]
 	}
 	sp.index = string(index)
-	for _, g := range groups {
-		p := &shardPart{b: s.backend(g), r: *r}
-		p.r.shard, p.r.Charges = nil, nil
-		sp.parts = append(sp.parts, p)
-	}
-	for i, c := range r.Charges {
-		p := sp.parts[sp.part(i)]
-		p.r.Charges = append(p.r.Charges, c)
-		sp.status[i] = Status{Scope: c.Scope, Kind: c.Limit.Kind, Limit: c.Limit.Limit, Remaining: c.Limit.burst()}
-	}
 	sp.id = encodeShardID(groups, sp.index, r.ID)
 	return sp, nil
 }
