@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/llmgate/llmgate/internal/testutil"
 	"github.com/llmgate/llmgate/ratelimit"
 	"github.com/llmgate/llmgate/ratelimit/redis"
@@ -93,7 +95,8 @@ func BenchmarkAllowSettle3Limits(b *testing.B) {
 // the scripts the server ran per operation.
 func BenchmarkSharded(b *testing.B) {
 	r := testutil.StartRedis(b)
-	sh := ratelimit.NewSharded(gatewayGroup, func(g string) ratelimit.Backend { return redis.New(r.Client(b), redis.Config{Group: g}) })
+	c := r.Client(b) // one client for every group, as the gateway has
+	sh := ratelimit.NewSharded(gatewayGroup, func(g string) ratelimit.Backend { return redis.New(c, redis.Config{Group: g}) })
 	l := ratelimit.New(sh)
 	ctx := context.Background()
 	one := threeLimits()
@@ -138,6 +141,51 @@ func BenchmarkSharded(b *testing.B) {
 					}
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkShardedRTT is BenchmarkSharded's serial decisions over a link
+// of 1 ms round trip (a delay proxy), in PINGs over the same link: a
+// request over two groups still takes one round trip of wall time, its
+// parts being sent at once.
+func BenchmarkShardedRTT(b *testing.B) {
+	r := testutil.StartRedis(b)
+	p := testutil.StartDelayProxy(b, r.Addr, time.Millisecond)
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{p.Addr}, DisableCache: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	l := ratelimit.New(ratelimit.NewSharded(gatewayGroup, func(g string) ratelimit.Backend { return redis.New(c, redis.Config{Group: g}) }))
+	ctx := context.Background()
+	var ping float64 // ns a PING took
+	b.Run("ping", func(b *testing.B) {
+		for b.Loop() {
+			if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		ping = float64(b.Elapsed()) / float64(b.N)
+	})
+	one := threeLimits()
+	one.Charges[2].Scope = "deployment:key1/gpt-4.1#slow"
+	for _, tc := range []struct {
+		name string
+		req  ratelimit.Request
+	}{{"one-group", one}, {"two-groups", threeLimits()}} {
+		if _, err := l.Allow(ctx, tc.req); err != nil { // loads the script
+			b.Fatal(err)
+		}
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				if d, err := l.Allow(ctx, tc.req); err != nil || !d.Allowed {
+					b.Fatalf("Allow = %+v, %v", d, err)
+				}
+			}
+			if ping > 0 {
+				b.ReportMetric(float64(b.Elapsed())/float64(b.N)/ping, "pings/op")
+			}
 		})
 	}
 }
