@@ -38,6 +38,8 @@ func RunSharded(t *testing.T, newGroup func(t *testing.T, group string) ratelimi
 		{"CrossGroupWaitTakesEveryGroup", s.testWaitEveryGroup},
 		{"CrossGroupWaitGivesUpCleanly", s.testWaitGivesUp},
 		{"CrossGroupNeverOverUnderLoad", s.testNeverOver},
+		{"CrossGroupFeedbackInItsGroup", s.testFeedback},
+		{"CrossGroupOneGroupDown", s.testOneGroupDown},
 	} {
 		t.Run(tc.name, tc.fn)
 	}
@@ -316,4 +318,103 @@ func (s *shardSuite) testNeverOver(t *testing.T) {
 // request ID rid: it names the groups first and ends with rid.
 func shardID(id, rid string) bool {
 	return strings.HasPrefix(id, "s:") && strings.HasSuffix(id, ":"+rid)
+}
+
+// testFeedback: a cooldown, an observed count and a learned limit act on
+// their scope's group: a request over that group and another is held back
+// by them, one over the other group alone is not.
+func (s *shardSuite) testFeedback(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	c, other := s.client(t), s.client(t)
+	D, T := newScope(t, "dep"), newScope(t, "tenant")
+	both := ratelimit.Request{Charges: []ratelimit.Charge{{Scope: D, Limit: rph(100)}, {Scope: T, Limit: tph(1000), Cost: 10}}}
+	if _, err := c.Cooldown(ctx, D, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustDeny(t, ctx, other, both, "during the deployment's cooldown"); d.DeniedBy != D || d.RetryAfter < 59*time.Minute {
+		t.Fatalf("refusal %+v, want denied by the deployment for ~1h", d)
+	}
+	mustRefund(t, ctx, other, mustAllow(t, ctx, other, one(T, tph(1000), 10), "the tenant alone").ID)
+
+	D2 := newScope(t, "dep2")
+	both.Charges[0].Scope = D2
+	if err := c.Observe(ctx, T, tph(1000), 5); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustDeny(t, ctx, other, both, "after the tenant's observed count"); d.DeniedBy != T {
+		t.Fatalf("refusal %+v, want denied by the tenant", d)
+	}
+	wantRemaining(t, ctx, other, D2, rph(100), 100, 100, "the deployment after the refusal")
+	T2 := newScope(t, "tenant2")
+	both.Charges[1].Scope = T2
+	if err := c.Learn(ctx, D2, rph(100), ratelimit.Learned{Limit: 1, Remaining: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustDeny(t, ctx, other, both, "after the deployment's learned limit"); d.DeniedBy != D2 {
+		t.Fatalf("refusal %+v, want denied by the deployment", d)
+	}
+	wantRemaining(t, ctx, other, T2, tph(1000), 1000, 1000, "the tenant after the refusal")
+}
+
+// downGroup fails every call while down is set.
+type downGroup struct {
+	ratelimit.Backend
+	down *atomic.Bool
+}
+
+func (g downGroup) Admit(ctx context.Context, r *ratelimit.Request) (ratelimit.Decision, error) {
+	if g.down.Load() {
+		return ratelimit.Decision{}, errDown
+	}
+	return g.Backend.Admit(ctx, r)
+}
+
+func (g downGroup) Enqueue(ctx context.Context, r *ratelimit.Request, lease time.Duration) (ratelimit.Decision, bool, time.Duration, error) {
+	if g.down.Load() {
+		return ratelimit.Decision{}, false, 0, errDown
+	}
+	return g.Backend.Enqueue(ctx, r, lease)
+}
+
+// testOneGroupDown: when one group's store cannot be reached, a request
+// over it and a working group gets the outage policy (admitted unchecked,
+// or refused when a limit fails closed), and what the working group
+// admitted is given back; requests of the working group alone go on.
+func (s *shardSuite) testOneGroupDown(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	D, T := newScope(t, "dep"), newScope(t, "tenant")
+	var down atomic.Bool
+	sh := ratelimit.NewSharded(groupOf, func(g string) ratelimit.Backend {
+		if g == T {
+			return downGroup{Backend: s.newGroup(t, g), down: &down}
+		}
+		return s.newGroup(t, g)
+	})
+	sp := &spy{Backend: sh, queued: make(map[string]chan struct{})}
+	c := &client{Limiter: ratelimit.New(sp), spy: sp}
+	probe := s.client(t)
+	closedLim := tph(1000)
+	closedLim.FailClosed = true
+	open := ratelimit.Request{Charges: []ratelimit.Charge{{Scope: D, Limit: tph(1000), Cost: 100}, {Scope: D + "#c", Limit: conc(1)}, {Scope: T, Limit: rph(10)}}}
+	closed := ratelimit.Request{Charges: []ratelimit.Charge{{Scope: D, Limit: closedLim, Cost: 100}, {Scope: D + "#c", Limit: conc(1)}, {Scope: T, Limit: rph(10)}}}
+	down.Store(true)
+	for _, wait := range []bool{false, true} {
+		call := c.Allow
+		if wait {
+			call = c.Wait
+		}
+		d, err := call(ctx, open)
+		if err != nil || !d.Allowed || !d.Degraded {
+			t.Fatalf("fail-open request with the tenant's group down (wait %v) = %+v, %v; want admitted, Degraded", wait, d, err)
+		}
+		if d, err = call(ctx, closed); !errors.Is(err, ratelimit.ErrStoreUnavailable) || d.Allowed {
+			t.Fatalf("fail-closed request with the tenant's group down (wait %v) = %+v, %v; want ErrStoreUnavailable", wait, d, err)
+		}
+		wantRemaining(t, ctx, probe, D, tph(1000), 1000, 1000, "deployment tokens: its part given back")
+		wantRemaining(t, ctx, probe, D+"#c", conc(1), 1, 1, "deployment permit: its part given back")
+	}
+	mustRefund(t, ctx, c, mustAllow(t, ctx, c, one(D, tph(1000), 100), "the deployment alone").ID)
+	down.Store(false)
+	mustSettle(t, ctx, c, mustAllow(t, ctx, c, closed, "after the outage").ID, []int64{100, 1, 1})
+	wantRemaining(t, ctx, probe, T, rph(10), 9, 9, "tenant after the outage: unchecked admissions were not recorded")
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"os"
+	"sync"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -56,11 +57,17 @@ func TestConformanceCluster3(t *testing.T) {
 
 // TestConformanceShardedCluster3 runs the cross-group cases on the Cluster:
 // each group is its own hash tag, so the parts of a request are on
-// different shards.
+// different shards. The groups of a subtest share one client, as a
+// gateway's do (a Cluster client is slow to start).
 func TestConformanceShardedCluster3(t *testing.T) {
 	c := testutil.SharedCluster(t)
+	var clients sync.Map // *testing.T -> rueidis.Client
 	ratelimittest.RunSharded(t, func(t *testing.T, g string) ratelimit.Backend {
-		cl := c.Client(t)
+		v, ok := clients.Load(t)
+		if !ok {
+			v, _ = clients.LoadOrStore(t, c.Client(t))
+		}
+		cl := v.(rueidis.Client)
 		return inspectedGroup{Backend: redis.New(cl, redis.Config{Group: g}), c: cl, group: g}
 	})
 }
