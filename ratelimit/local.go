@@ -346,7 +346,7 @@ func (q *localQuota) grant(ctx context.Context, p *pool, r *Request, n int, refi
 		p.size = 1
 		return Decision{}, false, err
 	}
-	b := &block{id: br.ID, p: p, n: n, until: now.Add(q.cfg.Window), cost: make([]int64, len(br.Charges)),
+	b := &block{id: bd.ID, p: p, n: n, until: now.Add(q.cfg.Window), cost: make([]int64, len(br.Charges)),
 		left: make([]int64, len(br.Charges)), used: make([]int64, len(br.Charges))}
 	for i, c := range br.Charges {
 		b.cost[i] = c.Cost

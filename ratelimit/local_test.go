@@ -3,6 +3,8 @@ package ratelimit_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -586,5 +588,84 @@ func TestPeek(t *testing.T) {
 	}
 	if s := a.Stats(); s.Admitted != 0 || s.Denied != 0 {
 		t.Errorf("peeks counted in Stats: %+v", s)
+	}
+}
+
+// TestLocalQuotaOverGroups: over a Sharded backend, a block for requests
+// that span two groups is taken in both; exactly the limit is admitted,
+// and once every request is settled each group has exactly what the
+// requests really used charged.
+func TestLocalQuotaOverGroups(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	groups := map[string]*countingBackend{"dep": {Backend: memory.New(clk)}, "tenant": {Backend: memory.New(clk)}}
+	groupOf := func(scope string) string {
+		if strings.HasPrefix(scope, "tenant:") {
+			return "tenant"
+		}
+		return "dep"
+	}
+	sh := ratelimit.NewSharded(groupOf, func(g string) ratelimit.Backend { return groups[g] })
+	l := ratelimit.New(sh, ratelimit.WithLocalQuota(ratelimit.LocalQuota{}), ratelimit.WithClock(clk))
+	const rpm, tokens, used = 2000, 7, 3
+	var (
+		mu  sync.Mutex
+		ids []string
+		wg  sync.WaitGroup
+	)
+	for range 16 {
+		wg.Go(func() {
+			for range 1000 {
+				d, err := l.Allow(ctx, gatewayLike(rpm, rpm*tokens, tokens))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !d.Allowed {
+					return
+				}
+				mu.Lock()
+				ids = append(ids, d.ID)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	// Two requests racing for the last units may each take a part the
+	// other needs, and both be refused: what is left is then admitted one
+	// at a time. Never more than the limit, and nothing lost.
+	for len(ids) < rpm+1 {
+		d, err := l.Allow(ctx, gatewayLike(rpm, rpm*tokens, tokens))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed {
+			break
+		}
+		ids = append(ids, d.ID)
+	}
+	if len(ids) != rpm {
+		t.Fatalf("admitted %d, want exactly %d (the clock stood still)", len(ids), rpm)
+	}
+	if st := l.Stats(); st.Local == 0 {
+		t.Fatalf("no local admissions: %+v", st)
+	}
+	if a, b := groups["dep"].admits.Load(), groups["tenant"].admits.Load(); a == 0 || a != b {
+		t.Fatalf("%d store decisions in the deployment's group and %d in the tenant's, want as many, some", a, b)
+	}
+	for _, id := range ids {
+		if err := l.Settle(ctx, id, []int64{1, used, 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := l.Peek(ctx, gatewayLike(rpm, rpm*tokens, tokens).Charges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := []int64{st[0].Remaining, st[1].Remaining, st[2].Remaining}, []int64{0, rpm * (tokens - used), 0}; !slices.Equal(got, want) {
+		t.Fatalf("left in the store after every settle: %v, want %v", got, want)
 	}
 }

@@ -24,7 +24,8 @@
 // With a remote store, WithLocalQuota lets a Limiter admit most requests
 // far from every limit without a store round trip, from blocks of capacity
 // it reserved in one store decision; near a limit it decides per request as
-// above.
+// above. Sharded spreads the limits over several backends (groups: a Redis
+// Cluster's shards), one per deployment and one per tenant, say.
 package ratelimit
 
 import (
@@ -154,7 +155,9 @@ const DefaultWaiterLease = 3 * time.Second
 // Request is one admission.
 type Request struct {
 	// ID identifies the reservation; Settle and Refund are idempotent per
-	// ID. Empty means a random one.
+	// ID. Empty means a random one. The decision's ID is the one to settle:
+	// this one, except on a Sharded backend, whose IDs also name the
+	// groups the reservation is in (and end with this one).
 	ID      string
 	Charges []Charge
 	// Priority orders waiters within a lane.
@@ -174,6 +177,10 @@ type Request struct {
 	// on its context would (the earlier of the two applies); a request
 	// admitted at once then costs no timer. Allow ignores it.
 	MaxWait time.Duration
+
+	// shard is how a Sharded backend cut the request by group, and how
+	// far it got in each while it waits.
+	shard *shardSplit
 }
 
 // Status is the state of one charged limit after a decision.
@@ -689,7 +696,7 @@ func (l *Limiter) startAdmitted(ctx context.Context, r *Request, d Decision, p *
 		if err := clock.Sleep(ctx, d.Delay); err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_ = l.b.Settle(rctx, r.ID, nil)
+			_ = l.b.Settle(rctx, d.ID, nil)
 			l.denied.Add(1)
 			return Decision{ID: r.ID}, fmt.Errorf("%w: %w", ErrLimited, err)
 		}

@@ -37,7 +37,6 @@ import (
 	lockredis "github.com/llmgate/llmgate/lock/redis"
 	"github.com/llmgate/llmgate/ratelimit"
 	rlmemory "github.com/llmgate/llmgate/ratelimit/memory"
-	rlredis "github.com/llmgate/llmgate/ratelimit/redis"
 )
 
 // server is a running gateway with what it owns.
@@ -176,7 +175,7 @@ func openStores(cfg *config.Config, log *slog.Logger) (_ *stores, err error) {
 		for _, w := range warnings {
 			log.Warn(w)
 		}
-		limits = rlredis.New(client, rlredis.Config{})
+		limits = redisLimits(client)
 		budgets = budgetredis.New(client, budgetredis.Config{})
 		locks, dd := lockredis.New(client, lockredis.Config{}), dedupredis.New(client, dedupredis.Config{})
 		// Their wake-up subscriptions' connections are theirs to close.

@@ -114,7 +114,7 @@ func providerLimits(f provider.Feedback) [learnedKinds]reportedLimit {
 
 func newDeployment(d *Deployment, slowStart int64) *deployment {
 	dep := &deployment{Deployment: d, scope: "dep:" + d.Name, nameHeader: []string{d.Name}, slowStartOver: make(chan struct{})}
-	dep.inScope, dep.outScope = dep.scope+"#input", dep.scope+"#output"
+	dep.inScope, dep.outScope = dep.scope+inputSuffix, dep.scope+outputSuffix
 	dep.headroom.Store(1e6)
 	if slowStart > 0 {
 		dep.slowStart.Store(slowStart)
@@ -126,7 +126,14 @@ func newDeployment(d *Deployment, slowStart int64) *deployment {
 
 // slowStartScope is the scope of the deployment's slow-start window: one
 // concurrency limit shared by every replica.
-func (d *deployment) slowStartScope() string { return d.scope + "#slow-start" }
+func (d *deployment) slowStartScope() string { return d.scope + slowStartSuffix }
+
+// Suffixes of a deployment's scope naming its other limits' scopes.
+const (
+	inputSuffix     = "#input"
+	outputSuffix    = "#output"
+	slowStartSuffix = "#slow-start"
+)
 
 // endSlowStart ends the slow start: the provider answered, with its limits
 // in x-ratelimit-* headers or a 429 (which the shared limits now keep to),

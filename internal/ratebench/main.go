@@ -21,6 +21,7 @@ const (
 )
 
 const usageSynopsis = "usage: llmgate bench ratelimit --store URL [--workers N] [--duration D] [--limits 1|2|3] [--settle] [--local] [--json]\n" +
+	"       llmgate bench ratelimit --store CLUSTER_URL --single URL [--deployments N] [--tenants N] [--reps N] [--workers N] [--duration D] [--limits 1|2|3] [--settle] [--local] [--json]\n" +
 	"       llmgate bench ratelimit --store URL --accuracy [--procs N] [--workers N] [--rate R] [--burst B] [--duration D] [--algo llmgate|gcra] [--wait] [--local] [--json]"
 
 // hidden flags are left out of the usage text: they are how Main talks to
@@ -33,12 +34,15 @@ var hidden = map[string]bool{childFlag: true, "key": true}
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := benchcli.New("llmgate bench ratelimit", usageSynopsis,
 		"Measures the rate limiter: decisions/s and latency over a request's limits against a GCRA\n"+
-			"baseline in the same run, or (--accuracy) how close processes sharing one limit get to the ideal.", stdout, stderr)
+			"baseline in the same run; (--single) a Redis Cluster against one master, the limits spread over\n"+
+			"many deployments' groups, with each master's CPU per decision; or (--accuracy) how close\n"+
+			"processes sharing one limit get to the ideal.", stdout, stderr)
 	c.Hidden = hidden
 	fs := c.Flags
 	var (
 		cfg      = Config{}
 		acc      = AccuracyConfig{}
+		shards   = ShardConfig{}
 		accuracy bool
 		child    bool
 		key      string
@@ -54,6 +58,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Pings, "ping", DefaultPings, "PINGs timed before and after the run (0: none)")
 	fs.Int64Var(&cfg.MaxOps, "max-ops", DefaultMaxOps, "stop after this many decisions per algorithm")
 	fs.DurationVar(&cfg.Hold, "hold", 0, "reservation hold (default ratelimit.DefaultHold)")
+	fs.StringVar(&shards.Single, "single", "", "compare --store, a Redis Cluster, with this one master: the same requests on each in turn")
+	fs.IntVar(&shards.Deployments, "deployments", DefaultDeployments, "with --single: deployments the requests go to in turn, each a group of its own")
+	fs.IntVar(&shards.Tenants, "tenants", DefaultTenants, "with --single and --limits 3: tenants the requests come from in turn, each a group of its own")
+	fs.IntVar(&shards.Reps, "reps", DefaultReps, "with --single: repetitions, each store once per repetition, alternately")
 	fs.BoolVar(&accuracy, "accuracy", false, "accuracy mode: several processes share one limit; prints admitted, ideal, over")
 	fs.IntVar(&acc.Procs, "procs", 4, "with --accuracy: worker processes")
 	fs.Int64Var(&acc.Rate, "rate", 1000, "with --accuracy: the limit, per second")
@@ -86,8 +94,21 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return ExitOK
 	}
+	if !set["single"] {
+		for _, f := range []string{"deployments", "tenants", "reps"} {
+			if set[f] {
+				return c.Bad("--%s applies to --single only", f)
+			}
+		}
+	} else {
+		for _, f := range []string{"baseline", "ping"} {
+			if set[f] {
+				return c.Bad("--%s does not apply to --single", f)
+			}
+		}
+	}
 	if accuracy {
-		for _, f := range []string{"limits", "settle", "shared-client", "max-ops", "hold", "ping"} {
+		for _, f := range []string{"limits", "settle", "shared-client", "max-ops", "hold", "ping", "single"} {
 			if set[f] {
 				return c.Bad("--%s does not apply to --accuracy", f)
 			}
@@ -101,8 +122,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return c.Bad("--%s applies to --accuracy only", f)
 			}
 		}
+		shards.Config = cfg
 		if err := cfg.Validate(); err != nil {
 			return c.Bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
+		}
+		if set["single"] {
+			if err := shards.Validate(); err != nil {
+				return c.Bad("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
+			}
 		}
 	}
 
@@ -126,6 +153,18 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		if !*jsonOut {
 			printAccuracy(stdout, res)
+		}
+	} else if set["single"] {
+		res, err := RunShards(ctx, shards)
+		if err != nil {
+			return c.Fail(err)
+		}
+		out = res
+		if res.Interrupted {
+			fmt.Fprintln(stderr, "llmgate bench ratelimit: interrupted; the figures cover the repetitions until then")
+		}
+		if !*jsonOut {
+			printShards(stdout, res)
 		}
 	} else {
 		res, err := Run(ctx, cfg)
@@ -187,4 +226,36 @@ func printAccuracy(w io.Writer, r *AccuracyResult) {
 	fmt.Fprintf(tw, "over\t%d\t\n", r.Over)
 	fmt.Fprintf(tw, "attempts / errors\t%d / %d\t%s\n", r.Attempts, r.Errors, r.FirstError)
 	tw.Flush()
+}
+
+func printShards(w io.Writer, r *ShardResult) {
+	fmt.Fprintf(w, "rate limiter on a Cluster of %d masters (%s) against one master (%s): %d workers (shared client %v), %d deployments, %d tenants, %d limits per decision, settle %v, local quota %v, %.2fs a phase\n",
+		r.Masters, r.Cluster, r.Single, r.Workers, r.SharedClient, r.Deployments, r.Tenants, r.Limits, r.Settle, r.Local, r.DurationS)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "rep\tone master decisions/s\tCluster decisions/s\tratio\tone master: CPU us/decision\tCluster: CPU us/decision per master\tcapacity ratio\t\n")
+	for i, rep := range r.Reps {
+		perMaster := ""
+		for j, m := range rep.Cluster.Masters {
+			if j > 0 {
+				perMaster += " / "
+			}
+			perMaster += fmt.Sprintf("%.1f", cpuPerDecision(m, rep.Cluster))
+		}
+		single := 0.0
+		if len(rep.Single.Masters) > 0 {
+			single = cpuPerDecision(rep.Single.Masters[0], rep.Single)
+		}
+		fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.3f\t%.1f\t%s\t%.3f\t\n", i+1, rep.Single.DecisionsPerSec, rep.Cluster.DecisionsPerSec, rep.Ratio, single, perMaster, rep.CapacityRatio)
+	}
+	fmt.Fprintf(tw, "median\t%.0f\t%.0f\t%.3f\t\t\t%.3f\t\n", r.SingleDecisionsPerSec, r.ClusterDecisionsPerSec, r.Ratio, r.CapacityRatio)
+	tw.Flush()
+	fmt.Fprintln(w, "capacity ratio: decisions per CPU-second of the busiest master, Cluster over one master (what a core per master would give)")
+}
+
+// cpuPerDecision is m's CPU time per decision of ph, in µs.
+func cpuPerDecision(m MasterLoad, ph Phase) float64 {
+	if ph.Decisions == 0 {
+		return 0
+	}
+	return m.CPUSec * 1e6 / float64(ph.Decisions)
 }

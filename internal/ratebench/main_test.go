@@ -101,6 +101,47 @@ func TestThroughputSmoke(t *testing.T) {
 	}
 }
 
+// TestShardsSmoke: a comparison run measures the same requests on one
+// master and on a 3-master Cluster, reports each master's load, and the
+// Cluster's masters all serve a part of the deployments' groups.
+func TestShardsSmoke(t *testing.T) {
+	single, cluster := testutil.StartRedis(t), testutil.StartCluster3(t)
+	code, out, errOut := runMain(t, "--store", cluster.URL(), "--single", single.URL(), "--deployments", "64", "--reps", "1",
+		"--workers", "4", "--duration", "200ms", "--limits", "3", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+	m := decode(t, out, "reps", "ratio", "capacity_ratio", "cluster_masters", "single_decisions_per_sec", "cluster_decisions_per_sec")
+	if m["cluster_masters"].(float64) != 3 || m["ratio"].(float64) <= 0 || m["capacity_ratio"].(float64) <= 0 {
+		t.Fatalf("no comparison: %s", out)
+	}
+	rep := m["reps"].([]any)[0].(map[string]any)
+	for store, masters := range map[string]int{"single": 1, "cluster": 3} {
+		ph := rep[store].(map[string]any)
+		if ph["decisions"].(float64) < 1 || ph["errors"].(float64) != 0 || ph["denied"].(float64) != 0 {
+			t.Errorf("%s: no decisions, or errors or refusals: %v", store, ph)
+		}
+		ms := ph["masters"].([]any)
+		if len(ms) != masters {
+			t.Fatalf("%s: %d masters reported, want %d: %v", store, len(ms), masters, ph)
+		}
+		for _, x := range ms {
+			if ml := x.(map[string]any); ml["scripts"].(float64) < 1 || ml["cpu_sec"].(float64) <= 0 {
+				t.Errorf("%s: a master served no script: %v", store, ml)
+			}
+		}
+	}
+	// The table prints too.
+	code, out, errOut = runMain(t, "--store", cluster.URL(), "--single", single.URL(), "--reps", "1", "--workers", "2", "--duration", "100ms")
+	if code != 0 || !strings.Contains(out, "capacity ratio") || !strings.Contains(out, "median") {
+		t.Fatalf("table run: exit %d\n%s\n%s", code, out, errOut)
+	}
+	// --store must be the Cluster.
+	if code, _, errOut := runMain(t, "--store", single.URL(), "--single", single.URL(), "--reps", "1", "--duration", "100ms"); code != ratebench.ExitFail || !strings.Contains(errOut, "Cluster") {
+		t.Fatalf("a standalone --store: exit %d, %s", code, errOut)
+	}
+}
+
 // TestAccuracySmoke: worker processes (this binary, re-executed) share one
 // limit; the result is never over the ideal and close to it.
 func TestAccuracySmoke(t *testing.T) {
@@ -159,6 +200,11 @@ func TestUsage(t *testing.T) {
 		{[]string{"--store", "redis://x:1", "--accuracy", "--algo", "x"}, "--algo"},
 		{[]string{"--store", "redis://x:1", "--accuracy", "--algo", "gcra", "--wait"}, "--wait"},
 		{[]string{"--store", "redis://x:1", "extra"}, "unexpected argument"},
+		{[]string{"--store", "redis://x:1", "--deployments", "8"}, "--single only"},
+		{[]string{"--store", "redis://x:1", "--single", "redis://y:1", "--reps", "0"}, "--reps"},
+		{[]string{"--store", "redis://x:1", "--single", "memory"}, "--single"},
+		{[]string{"--store", "redis://x:1", "--single", "redis://y:1", "--ping", "5"}, "does not apply"},
+		{[]string{"--store", "redis://x:1", "--single", "redis://y:1", "--accuracy"}, "does not apply"},
 		{[]string{"--nope"}, "not defined"},
 	} {
 		code, _, errOut := runMain(t, tc.args...)

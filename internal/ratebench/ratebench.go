@@ -15,6 +15,7 @@
 package ratebench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -117,6 +118,41 @@ type Phase struct {
 	ServerCommandsPerDecision float64 `json:"server_commands_per_decision"`
 	// ServerUsPerDecision is the server's time inside scripts per decision.
 	ServerUsPerDecision float64 `json:"server_us_per_decision"`
+	// Masters is what each master spent during the run, busiest first.
+	Masters []MasterLoad `json:"masters"`
+	// DecisionsPerBusiestCPUSec is the decisions per CPU-second of the
+	// busiest master: the rate the store would sustain with a core per
+	// master, when the masters are what limits it.
+	DecisionsPerBusiestCPUSec float64 `json:"decisions_per_busiest_cpu_sec"`
+}
+
+// MasterLoad is what one master spent during a run.
+type MasterLoad struct {
+	Addr string `json:"addr"`
+	// CPUSec is its CPU time (INFO cpu: used_cpu_sys + used_cpu_user).
+	CPUSec float64 `json:"cpu_sec"`
+	// ScriptSec is its time inside scripts (INFO commandstats).
+	ScriptSec float64 `json:"script_sec"`
+	// Scripts is the script runs it served.
+	Scripts int64 `json:"scripts"`
+}
+
+// loadOf fills in what each master spent between before and after, over
+// n decisions.
+func (ph *Phase) loadOf(before, after map[string]nodeLoad, n int64) {
+	ph.Masters = ph.Masters[:0]
+	for addr, a := range after {
+		b, ok := before[addr]
+		if !ok {
+			continue // a master that took over during the run
+		}
+		d := diffStats(b.cmds, a.cmds)
+		ph.Masters = append(ph.Masters, MasterLoad{Addr: addr, CPUSec: round(a.cpu-b.cpu, 3), ScriptSec: round(d.scriptTime.Seconds(), 3), Scripts: d.scripts})
+	}
+	slices.SortFunc(ph.Masters, func(x, y MasterLoad) int { return cmp.Compare(y.CPUSec, x.CPUSec) })
+	if len(ph.Masters) > 0 && ph.Masters[0].CPUSec > 0 {
+		ph.DecisionsPerBusiestCPUSec = math.Round(float64(n) / ph.Masters[0].CPUSec)
+	}
 }
 
 // Result is the outcome of one throughput run; Main prints it as JSON.
@@ -272,9 +308,9 @@ func measure(ctx context.Context, ctl rueidis.Client, sent *atomic.Int64, algo s
 			return ph, false, fmt.Errorf("ratebench: %s: warm-up: %w", algo, err)
 		}
 	}
-	before, err := commandstats(ctx, ctl)
+	before, err := loads(ctx, ctl)
 	if err != nil {
-		return ph, false, fmt.Errorf("ratebench: INFO commandstats: %w", err)
+		return ph, false, fmt.Errorf("ratebench: INFO: %w", err)
 	}
 	sent.Store(0)
 	type stats struct {
@@ -331,9 +367,9 @@ func measure(ctx context.Context, ctl rueidis.Client, sent *atomic.Int64, algo s
 		return ph, false, cause
 	}
 	commands := sent.Load()
-	after, err := commandstats(context.WithoutCancel(ctx), ctl)
+	after, err := loads(context.WithoutCancel(ctx), ctl)
 	if err != nil {
-		return ph, false, fmt.Errorf("ratebench: INFO commandstats: %w", err)
+		return ph, false, fmt.Errorf("ratebench: INFO: %w", err)
 	}
 	var lat []time.Duration
 	for _, st := range all {
@@ -354,7 +390,8 @@ func measure(ctx context.Context, ctl rueidis.Client, sent *atomic.Int64, algo s
 	ph.P50Us = us(lockbench.Percentile(lat, 50))
 	ph.P99Us = us(lockbench.Percentile(lat, 99))
 	if n := ph.Decisions + ph.Errors; n > 0 {
-		sd := diffStats(before, after)
+		sd := diffStats(total(before), total(after))
+		ph.loadOf(before, after, n)
 		ph.RoundTripsPerDecision = round(float64(commands)/float64(n), 3)
 		ph.ServerScriptsPerDecision = round(float64(sd.scripts)/float64(n), 3)
 		ph.ServerCommandsPerDecision = round(float64(sd.inner)/float64(n), 2)

@@ -2,6 +2,8 @@ package ratebench
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -34,32 +36,76 @@ type cmdStat struct {
 	usec  int64
 }
 
-// commandstats reads INFO commandstats: calls and total µs per command.
-// Commands that scripts run are counted too, under their own names.
-func commandstats(ctx context.Context, c rueidis.Client) (map[string]cmdStat, error) {
-	info, err := c.Do(ctx, c.B().Info().Section("commandstats").Build()).ToString()
-	if err != nil {
-		return nil, err
+// nodeLoad is what one master had done so far: its CPU time (INFO cpu:
+// used_cpu_sys + used_cpu_user) and its commands (INFO commandstats).
+type nodeLoad struct {
+	cpu  float64 // seconds
+	cmds map[string]cmdStat
+}
+
+// loads reads INFO cpu and commandstats from every master c reaches: the
+// server of a standalone or Sentinel client, each master of a Cluster.
+func loads(ctx context.Context, c rueidis.Client) (map[string]nodeLoad, error) {
+	out := map[string]nodeLoad{}
+	for addr, n := range c.Nodes() {
+		info, err := n.Do(ctx, n.B().Info().Section("replication", "cpu", "commandstats").Build()).ToString()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", addr, err)
+		}
+		if l, master := parseLoad(info); master {
+			out[addr] = l
+		}
 	}
-	out := map[string]cmdStat{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		var s cmdStat
-		for _, f := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(f, "=")
-			switch k {
-			case "calls":
-				s.calls, _ = strconv.ParseInt(v, 10, 64)
-			case "usec":
-				s.usec, _ = strconv.ParseInt(v, 10, 64)
-			}
-		}
-		out[strings.TrimPrefix(name, "cmdstat_")] = s
+	if len(out) == 0 {
+		return nil, errors.New("no master answered INFO")
 	}
 	return out, nil
+}
+
+// parseLoad reads an INFO reply of the replication, cpu and commandstats
+// sections; master reports its role.
+func parseLoad(info string) (l nodeLoad, master bool) {
+	l.cmds = map[string]cmdStat{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch {
+		case name == "role":
+			master = rest == "master"
+		case name == "used_cpu_sys" || name == "used_cpu_user":
+			v, _ := strconv.ParseFloat(rest, 64)
+			l.cpu += v
+		case strings.HasPrefix(name, "cmdstat_"):
+			var s cmdStat
+			for _, f := range strings.Split(rest, ",") {
+				k, v, _ := strings.Cut(f, "=")
+				switch k {
+				case "calls":
+					s.calls, _ = strconv.ParseInt(v, 10, 64)
+				case "usec":
+					s.usec, _ = strconv.ParseInt(v, 10, 64)
+				}
+			}
+			l.cmds[strings.TrimPrefix(name, "cmdstat_")] = s
+		}
+	}
+	return l, master
+}
+
+// total sums the commands of every master.
+func total(ls map[string]nodeLoad) map[string]cmdStat {
+	out := map[string]cmdStat{}
+	for _, l := range ls {
+		for name, s := range l.cmds {
+			t := out[name]
+			t.calls += s.calls
+			t.usec += s.usec
+			out[name] = t
+		}
+	}
+	return out
 }
 
 // scriptCommands are the commands a client sends to run a script.

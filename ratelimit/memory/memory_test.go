@@ -22,6 +22,21 @@ func TestConformance(t *testing.T) {
 	ratelimittest.Run(t, func(*testing.T) ratelimit.Backend { return b })
 }
 
+// TestConformanceSharded runs the cross-group cases over a memory backend
+// per group.
+func TestConformanceSharded(t *testing.T) {
+	var mu sync.Mutex
+	groups := map[string]*memory.Backend{}
+	ratelimittest.RunSharded(t, func(_ *testing.T, g string) ratelimit.Backend {
+		mu.Lock()
+		defer mu.Unlock()
+		if groups[g] == nil {
+			groups[g] = memory.New(nil)
+		}
+		return groups[g]
+	})
+}
+
 // TestConformanceFakeClock runs the suite's tests of refills, holds and
 // cooldowns on a fake clock, so that their bounds are exact on any machine.
 func TestConformanceFakeClock(t *testing.T) {

@@ -3,9 +3,10 @@
 // All keys of one limiter group share the hash tag {group} (see lib.lua for
 // the layout), so a request's limits — deployment, tenant, tenant+model —
 // are checked and charged in one script, in one round trip, on one Cluster
-// slot. A group is the unit of scale: run separate groups (for example one
-// per provider) to spread load over Cluster shards; requests of different
-// groups never share limits.
+// slot. A group is the unit of scale: ratelimit.Sharded spreads limits over
+// groups (for example one per deployment and one per tenant), so that a
+// Cluster's shards share the load, and decides a request over several
+// groups in all of them at once.
 package redis
 
 import (

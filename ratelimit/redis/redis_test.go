@@ -53,6 +53,16 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceSharded runs the cross-group cases on one server, each
+// group under its own hash tag.
+func TestConformanceSharded(t *testing.T) {
+	r := testutil.StartRedis(t)
+	ratelimittest.RunSharded(t, func(t *testing.T, g string) ratelimit.Backend {
+		c := r.Client(t)
+		return inspectedGroup{Backend: redis.New(c, redis.Config{Group: g}), c: c, group: g}
+	})
+}
+
 // ---------------------------------------------------------------------------
 // Helpers
 

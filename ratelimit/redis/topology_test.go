@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"os"
+	"sync"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -52,6 +53,33 @@ func TestConformanceCluster3(t *testing.T) {
 		return inspectedGroup{Backend: redis.New(cl, redis.Config{Group: groupOf(t)}), c: cl, group: groupOf(t)}
 	})
 	check()
+}
+
+// TestConformanceShardedCluster3 runs the cross-group cases on the Cluster:
+// each group is its own hash tag, so the parts of a request are on
+// different shards. The groups of a subtest share one client, as a
+// gateway's do (a Cluster client is slow to start).
+func TestConformanceShardedCluster3(t *testing.T) {
+	c := testutil.SharedCluster(t)
+	var clients sync.Map // *testing.T -> rueidis.Client
+	ratelimittest.RunSharded(t, func(t *testing.T, g string) ratelimit.Backend {
+		v, ok := clients.Load(t)
+		if !ok {
+			v, _ = clients.LoadOrStore(t, c.Client(t))
+		}
+		cl := v.(rueidis.Client)
+		return inspectedGroup{Backend: redis.New(cl, redis.Config{Group: g}), c: cl, group: g}
+	})
+}
+
+// TestConformanceShardedSentinel runs the cross-group cases through a
+// Sentinel client.
+func TestConformanceShardedSentinel(t *testing.T) {
+	s := testutil.SharedSentinel(t)
+	ratelimittest.RunSharded(t, func(t *testing.T, g string) ratelimit.Backend {
+		cl := s.Client(t)
+		return inspectedGroup{Backend: redis.New(cl, redis.Config{Group: g}), c: cl, group: g}
+	})
 }
 
 // TestConformanceSentinel runs the suite through a Sentinel client.
