@@ -626,6 +626,7 @@ func (s *suite) testBurstThenRefill(t *testing.T) {
 		// Reset: i+1 units to refill, less what flowed in since the first.
 		wantDuration(t, st.Reset, time.Duration(i+1)*period-elapsed-tol, time.Duration(i+1)*period+tol, fmt.Sprintf("request %d: Reset", i))
 	}
+	denySent := s.now()
 	d := mustDeny(t, ctx, c, one(scope, lim, 0), "request after the burst")
 	since := s.since(start)
 	if since > period/2 {
@@ -642,15 +643,19 @@ func (s *suite) testBurstThenRefill(t *testing.T) {
 	}
 	wantDuration(t, d.Limits[0].Reset, n*period-since-tol, n*period+tol, "Reset after the burst")
 
-	// Exactly when RetryAfter said, one more fits, and only one.
-	due := s.now().Add(d.RetryAfter)
+	// Exactly when RetryAfter said, one more fits, and only one. The store
+	// decided the refusal between denySent and its reply, so the unit was
+	// due between denySent+RetryAfter and now+RetryAfter: wait for the
+	// latter, measure how late from the former (a reply slowed on a busy
+	// machine moves only the test's clock, not the store's).
+	earliest := denySent.Add(d.RetryAfter)
 	s.sleep(d.RetryAfter) // the passage of time is what is tested
 	d = mustAllow(t, ctx, c, one(scope, lim, 0), "request at RetryAfter")
 	if st := d.Limits[0]; st.Remaining != 0 {
 		t.Fatalf("Remaining after the refilled request = %d, want 0", st.Remaining)
 	}
 	d = mustDeny(t, ctx, c, one(scope, lim, 0), "second request at RetryAfter")
-	late := s.since(due)
+	late := s.since(earliest)
 	// The refusal came at most late past the due instant; the next unit is
 	// period after the due instant.
 	wantDuration(t, d.RetryAfter, period-late-tol, period+tol, "RetryAfter after one refill")
