@@ -97,21 +97,35 @@ type AccuracyResult struct {
 	Ideal       float64 `json:"ideal"`
 	Over        int64   `json:"over"`
 	AccuracyPct float64 `json:"accuracy_pct"` // admitted / ideal
-	Attempts    int64   `json:"attempts"`
-	Errors      int64   `json:"errors"`
-	FirstError  string  `json:"first_error,omitempty"`
-	PerProcess  []int64 `json:"per_process"`
-	StartedAt   string  `json:"started_at"`
+	// Owed is what a perfect bucket had certainly handed out by the last
+	// refusal: Burst + Rate × (the last refused call's start − the first
+	// admitted call's return), as long as it never filled up in between
+	// (no pause of every worker longer than Burst/Rate). Unlike Ideal it
+	// does not grow while the workers do not ask (a process paused by a
+	// busy machine, a reply read late at the end of the run), so
+	// Admitted/Owed below 100% is a limiter refusing what it had. 0 when
+	// nothing was refused.
+	Owed       float64 `json:"owed"`
+	OwedPct    float64 `json:"owed_pct,omitempty"` // admitted / owed
+	Attempts   int64   `json:"attempts"`
+	Errors     int64   `json:"errors"`
+	FirstError string  `json:"first_error,omitempty"`
+	PerProcess []int64 `json:"per_process"`
+	StartedAt  string  `json:"started_at"`
 }
 
 // workerResult is what one process reports.
 type workerResult struct {
-	Admitted   int64  `json:"admitted"`
-	Attempts   int64  `json:"attempts"`
-	FirstStart int64  `json:"first_start"` // unix ns; 0: nothing admitted
-	LastEnd    int64  `json:"last_end"`    // unix ns: the last admitted call's return, or the run's end
-	Errors     int64  `json:"errors"`
-	FirstError string `json:"first_error,omitempty"`
+	Admitted   int64 `json:"admitted"`
+	Attempts   int64 `json:"attempts"`
+	FirstStart int64 `json:"first_start"` // unix ns; 0: nothing admitted
+	FirstEnd   int64 `json:"first_end"`   // unix ns: the earliest return of an admitted call
+	LastEnd    int64 `json:"last_end"`    // unix ns: the last admitted call's return, or the run's end
+	// LastRefused is when the latest refused call started (unix ns; 0:
+	// none): the store refused it after that, when it had nothing left.
+	LastRefused int64  `json:"last_refused"`
+	Errors      int64  `json:"errors"`
+	FirstError  string `json:"first_error,omitempty"`
 }
 
 func (r *workerResult) add(o workerResult) {
@@ -121,7 +135,11 @@ func (r *workerResult) add(o workerResult) {
 	if o.FirstStart != 0 && (r.FirstStart == 0 || o.FirstStart < r.FirstStart) {
 		r.FirstStart = o.FirstStart
 	}
+	if o.FirstEnd != 0 && (r.FirstEnd == 0 || o.FirstEnd < r.FirstEnd) {
+		r.FirstEnd = o.FirstEnd
+	}
 	r.LastEnd = max(r.LastEnd, o.LastEnd)
+	r.LastRefused = max(r.LastRefused, o.LastRefused)
 	if r.FirstError == "" {
 		r.FirstError = o.FirstError
 	}
@@ -279,6 +297,12 @@ func Accuracy(ctx context.Context, cfg AccuracyConfig, stderr io.Writer) (*Accur
 	res.Ideal = round(float64(cfg.Burst)+float64(cfg.Rate)*elapsed.Seconds(), 2)
 	res.Over = max(0, res.Admitted-int64(math.Floor(float64(cfg.Burst)+float64(cfg.Rate)*elapsed.Seconds()+1e-9)))
 	res.AccuracyPct = round(100*float64(res.Admitted)/(float64(cfg.Burst)+float64(cfg.Rate)*elapsed.Seconds()), 2)
+	if total.LastRefused != 0 {
+		asked := max(0, time.Duration(total.LastRefused-total.FirstEnd))
+		owed := float64(cfg.Burst) + float64(cfg.Rate)*asked.Seconds()
+		res.Owed = round(owed, 2)
+		res.OwedPct = round(100*float64(res.Admitted)/owed, 2)
+	}
 	return res, nil
 }
 
@@ -363,6 +387,11 @@ func runChild(ctx context.Context, cfg AccuracyConfig, key string, stdin io.Read
 					if r.FirstStart == 0 {
 						r.FirstStart = t0.UnixNano()
 					}
+					if r.FirstEnd == 0 {
+						r.FirstEnd = t1.UnixNano()
+					}
+				} else {
+					r.LastRefused = t0.UnixNano()
 				}
 			}
 			mu.Lock()

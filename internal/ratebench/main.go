@@ -223,6 +223,9 @@ func printAccuracy(w io.Writer, r *AccuracyResult) {
 	fmt.Fprintf(tw, "admitted\t%d\t(per process %v)\n", r.Admitted, r.PerProcess)
 	fmt.Fprintf(tw, "ideal\t%.2f\t(burst + rate x duration)\n", r.Ideal)
 	fmt.Fprintf(tw, "accuracy\t%.2f%%\t\n", r.AccuracyPct)
+	if r.Owed > 0 {
+		fmt.Fprintf(tw, "owed\t%.2f\t(handed out by the last refusal; admitted %.2f%% of it)\n", r.Owed, r.OwedPct)
+	}
 	fmt.Fprintf(tw, "over\t%d\t\n", r.Over)
 	fmt.Fprintf(tw, "attempts / errors\t%d / %d\t%s\n", r.Attempts, r.Errors, r.FirstError)
 	tw.Flush()

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -143,23 +144,21 @@ func TestShardsSmoke(t *testing.T) {
 }
 
 // TestAccuracySmoke: worker processes (this binary, re-executed) share one
-// limit; the result is never over the ideal and close to it.
+// limit; the result is never over the ideal, and by its last refusal each
+// limiter had admitted nearly all it owed. The accuracy against the ideal
+// is the benchmark's figure, not checked here: a busy machine that pauses
+// the workers near the end of this one-second run lowers it for any
+// algorithm (what flows in while nobody asks is never taken).
 func TestAccuracySmoke(t *testing.T) {
 	r := testutil.StartRedis(t)
 	for _, tc := range []struct {
 		name string
 		args []string
-		min  float64
 	}{
-		{"llmgate allow", nil, 97},
-		{"llmgate wait", []string{"--wait", "--workers", "2"}, 97},
-		{"llmgate allow, local quota", []string{"--local", "--workers", "2"}, 97},
-		// A stall of the loaded VM near the end of this one-second run
-		// costs any algorithm what it would have admitted meanwhile; the
-		// baseline dipped to 94% once in CI. Only llmgate's own algorithms
-		// keep the tight bound here (a regression of theirs must fail);
-		// the baseline's figure that counts is the benchmark's.
-		{"gcra", []string{"--algo", "gcra"}, 90},
+		{"llmgate allow", nil},
+		{"llmgate wait", []string{"--wait", "--workers", "2"}},
+		{"llmgate allow, local quota", []string{"--local", "--workers", "2"}},
+		{"gcra", []string{"--algo", "gcra"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"--store", r.URL(), "--accuracy", "--procs", "2", "--rate", "200", "--duration", "1s", "--json"}, tc.args...)
@@ -167,15 +166,24 @@ func TestAccuracySmoke(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d, stdout:\n%s\nstderr:\n%s", code, out, errOut)
 			}
-			m := decode(t, out, "admitted", "ideal", "over", "accuracy_pct", "per_process")
+			m := decode(t, out, "admitted", "ideal", "over", "accuracy_pct", "owed", "per_process")
 			if m["over"].(float64) != 0 {
 				t.Fatalf("over = %v: %s", m["over"], out)
 			}
 			if m["errors"].(float64) != 0 {
 				t.Fatalf("errors: %s", out)
 			}
-			if pct := m["accuracy_pct"].(float64); pct < tc.min || pct > 100 {
-				t.Fatalf("accuracy %.2f%%, want between %v and 100: %s", pct, tc.min, out)
+			if pct := m["accuracy_pct"].(float64); pct <= 0 || pct > 100 {
+				t.Fatalf("accuracy %.2f%%, want at most 100: %s", pct, out)
+			}
+			// Two processes asking flat out at 200/s are refused within the
+			// second; waiters may all have been admitted when the run ended.
+			if m["owed"].(float64) == 0 {
+				if !slices.Contains(tc.args, "--wait") {
+					t.Fatalf("nothing was refused: %s", out)
+				}
+			} else if pct := m["owed_pct"].(float64); pct < 97 {
+				t.Fatalf("admitted %.2f%% of what was owed by the last refusal, want at least 97%%: %s", pct, out)
 			}
 			if pp := m["per_process"].([]any); len(pp) != 2 {
 				t.Fatalf("per_process = %v", pp)
