@@ -82,7 +82,8 @@ func (l *Lease) Context(parent context.Context) (context.Context, context.Cancel
 }
 
 // end records why the lease ended; the first cause wins (it reports
-// whether cause was the first).
+// whether cause was the first). A loss is counted before Done closes, so
+// whoever sees the end sees it in the Locker's Stats.
 func (l *Lease) end(cause error) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -90,6 +91,9 @@ func (l *Lease) end(cause error) bool {
 		return false
 	}
 	l.err = cause
+	if l.lost != nil && errors.Is(cause, ErrLost) {
+		l.lost.Add(1)
+	}
 	close(l.done)
 	if l.topUpTimer != nil {
 		l.topUpTimer.Stop()
@@ -104,9 +108,7 @@ func (l *Lease) lose(reason error) {
 	if releasing {
 		return
 	}
-	if l.end(fmt.Errorf("%w: %q: %w", ErrLost, l.Key, reason)) && l.lost != nil {
-		l.lost.Add(1)
-	}
+	l.end(fmt.Errorf("%w: %q: %w", ErrLost, l.Key, reason))
 }
 
 func (l *Lease) setReleasing(v bool) {

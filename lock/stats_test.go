@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -66,5 +67,25 @@ func TestStats(t *testing.T) {
 	}
 	if s := c.Stats(); s.Acquired != 1 || s.Lost != 1 {
 		t.Errorf("c's stats %+v, want 1 acquired, 1 lost", s)
+	}
+}
+
+// TestStatsCountLossBeforeDone: a lease the watchdog finds lost is counted
+// before Done closes, so whoever sees the loss (Do's caller) sees it in
+// Stats too.
+func TestStatsCountLossBeforeDone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	l := lock.New(notHeldExtender{memory.New(nil)})
+	for i := range 100 {
+		lease, err := l.TryAcquire(ctx, fmt.Sprintf("k%d", i), lock.Options{TTL: lock.MinTTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease.Keepalive()
+		<-lease.Done()
+		if got := l.Stats().Lost; got != int64(i+1) {
+			t.Fatalf("after %d leases lost, Stats().Lost = %d", i+1, got)
+		}
 	}
 }
