@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -13,8 +14,11 @@ import (
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/clock"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/ratelimit"
+	rlmemory "github.com/llmgate/llmgate/ratelimit/memory"
 )
 
 const chatBody = `{"model":"gpt-4.1","max_tokens":20,"messages":[{"role":"user","content":"Tell me about quotas."}]}`
@@ -422,13 +426,37 @@ func TestRepeatedRequestIDStillCharged(t *testing.T) {
 	}
 }
 
+// extendSpy reports the store time of each Extend of a rate-limit
+// reservation.
+type extendSpy struct {
+	ratelimit.Backend
+	clk     *clock.Fake
+	extends chan time.Time
+}
+
+func (s *extendSpy) Extend(ctx context.Context, id string, hold time.Duration) error {
+	at := s.clk.Now()
+	err := s.Backend.Extend(ctx, id, hold)
+	select {
+	case s.extends <- at:
+	default: // the test reads only the renewals it steps after
+	}
+	return err
+}
+
 // TestLongRequestKeepsPermit: a request that runs longer than the
 // reservation hold renews its concurrency permit, so nobody else gets it
-// meanwhile.
+// meanwhile. The store keeps time on a fake clock, stepped by less than a
+// hold each time the keeper has renewed at the store's current time, so
+// however late the keeper is, only its renewals keep the permit.
 func TestLongRequestKeepsPermit(t *testing.T) {
 	const hold = 200 * time.Millisecond
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	spy := &extendSpy{clk: clk, extends: make(chan time.Time, 1)}
 	h, up := gatedHarness(t, func(o *Options, h *harness) {
 		o.Admission.ReservationHold = hold
+		spy.Backend = rlmemory.New(clk)
+		o.Limiter = ratelimit.New(spy)
 		for i := range o.Deployments {
 			o.Deployments[i].Limits = Limits{Concurrency: 1}
 		}
@@ -440,21 +468,44 @@ func TestLongRequestKeepsPermit(t *testing.T) {
 		first <- resp.StatusCode
 	}()
 	waitFor(t, func() bool { return up.calls() == 1 })
-	time.Sleep(3 * hold) // the subject: the hold's time passing, not synchronisation
+	// Two steps of 3/4 of a hold: past the permit's expiry but for the
+	// renewals.
+	for range 2 {
+		now := clk.Now()
+		for renewed := false; !renewed; {
+			select {
+			case at := <-spy.extends:
+				renewed = !at.Before(now)
+			case <-time.After(10 * time.Second):
+				close(up.gate)
+				t.Fatal("the keeper did not renew the long request's permit")
+			}
+		}
+		clk.Advance(3 * hold / 4)
+	}
 	second := make(chan int, 1)
 	go func() {
 		resp := h.post("/v1/chat/completions", tenantKey, chatBody, "X-Llmgate-Max-Wait", "0")
 		resp.Body.Close()
 		second <- resp.StatusCode
 	}()
-	select {
-	case code := <-second:
-		if code != 429 {
-			t.Fatalf("second request: %d; the first still holds the only permit", code)
+	// An admitted second request would wait at the held provider.
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for answered := false; !answered; {
+		select {
+		case code := <-second:
+			if code != 429 {
+				close(up.gate)
+				t.Fatalf("second request: %d; the first still holds the only permit", code)
+			}
+			answered = true
+		case <-tick.C:
+			if up.calls() > 1 {
+				close(up.gate)
+				t.Fatal("the second request was admitted (it reached the held provider): the first request's permit expired under it")
+			}
 		}
-	case <-time.After(5 * time.Second):
-		close(up.gate)
-		t.Fatal("the second request was admitted (it reached the held provider): the first request's permit expired under it")
 	}
 	close(up.gate)
 	if code := <-first; code != 200 {
