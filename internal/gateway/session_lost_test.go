@@ -25,8 +25,11 @@ import (
 )
 
 // sessionLostTTL is the session lease of the tests below: the watchdog
-// renews every third of it, so a stolen lease is noticed within that.
-const sessionLostTTL = 2 * time.Second
+// renews every third of it, so a stolen lease is noticed within that, and
+// each renewal comes two thirds of it (2s, more than a busy machine's
+// stalls) before the lease would lapse locally and cut the request by
+// itself.
+const sessionLostTTL = 3 * time.Second
 
 // stealable is the memory lock store with a way to take a lease from its
 // holder behind its back, as the store sees it when the holder was paused
@@ -300,6 +303,9 @@ func TestSessionLostMidStream(t *testing.T) {
 		ev := next()
 		if ev == "" {
 			t.Fatalf("the stream ended after %d events", len(events))
+		}
+		if !strings.Contains(ev, `"chat.completion.chunk"`) {
+			t.Fatalf("event %d is %q, want a content chunk (the lease was lost before the steal?)", len(events), ev)
 		}
 		events = append(events, ev)
 	}
