@@ -746,9 +746,12 @@ func (s *suite) testFenceSequence(t *testing.T) {
 			}
 			stale = nil
 			takeovers++
-		case i%2 == 0:
+		case i%2 == 0 && i%3 != 2:
 			lease, err = l.TryAcquire(ctx, key, opts)
 		default:
+			// The short leases are taken with Acquire: a backend that
+			// bounds its calls by the TTL (Redlock) may not confirm 30ms
+			// in time on a busy machine, and Acquire tries again.
 			lease, err = l.Acquire(ctx, key, opts)
 		}
 		if err != nil {
