@@ -760,10 +760,10 @@ func (s *suite) testFenceSequence(t *testing.T) {
 			}
 			stale = nil
 			takeovers++
-		case i%2 == 0 && i%3 != 2:
-			lease, err = l.TryAcquire(ctx, key, opts)
 		case i%3 == 2:
 			lease = mustTake(t, ctx, l, key, opts) // a short lease
+		case i%2 == 0:
+			lease, err = l.TryAcquire(ctx, key, opts)
 		default:
 			lease, err = l.Acquire(ctx, key, opts)
 		}
