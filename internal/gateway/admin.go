@@ -58,16 +58,10 @@ func (g *Gateway) serveAdminUsage(w http.ResponseWriter, r *http.Request) {
 			}
 			id = win.ID
 		}
-		rows, err := g.opt.Budgets.Usage(r.Context(), t.Name, id)
-		if err != nil {
-			g.log.Error("admin usage failed", "err", err)
-			errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "store_unavailable", "", "The usage store cannot be read right now.").Write(w)
-			return
-		}
-		tu := tenantUsage{Tenant: t.Name, Window: id, Rows: rows}
-		if rows == nil {
-			tu.Rows = []budget.UsageRow{}
-		}
+		tu := tenantUsage{Tenant: t.Name, Window: id}
+		// The budget first, the rows after: both reads charge the holds
+		// that expired, so what the budget shows spent is in the rows
+		// even when a hold expires between the two.
 		if t.Budget != nil && window == "" {
 			if st, err := g.opt.Budgets.Spend(r.Context(), b, time.Now()); err == nil {
 				tu.Budget = &budgetState{
@@ -78,6 +72,16 @@ func (g *Gateway) serveAdminUsage(w http.ResponseWriter, r *http.Request) {
 					tu.Budget.CapUSD = budget.FormatUSD(b.MicroUSD)
 				}
 			}
+		}
+		rows, err := g.opt.Budgets.Usage(r.Context(), t.Name, id)
+		if err != nil {
+			g.log.Error("admin usage failed", "err", err)
+			errf(http.StatusServiceUnavailable, openai.TypeUnavailable, "store_unavailable", "", "The usage store cannot be read right now.").Write(w)
+			return
+		}
+		tu.Rows = rows
+		if rows == nil {
+			tu.Rows = []budget.UsageRow{}
 		}
 		out = append(out, tu)
 	}
