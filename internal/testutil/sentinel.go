@@ -408,3 +408,59 @@ func (s *Sentinel) resumeOnce() {
 		r()
 	}
 }
+
+// Replicated checks that the master's keys matching pattern are on both
+// replicas: it lists them on the master, waits until each replica has
+// acknowledged the master's replication offset as read after that, and
+// then finds each key on every replica, unless it is gone from the master
+// too by then (expired or deleted). It returns how many keys it checked.
+func (s *Sentinel) Replicated(ctx context.Context, pattern string) (int, error) {
+	m, err := s.Master(ctx)
+	if err != nil {
+		return 0, err
+	}
+	keys, err := m.Keys(ctx, pattern)
+	if err != nil {
+		return 0, err
+	}
+	info, err := m.info(ctx, "replication")
+	if err != nil {
+		return 0, err
+	}
+	target, _ := strconv.ParseInt(info["master_repl_offset"], 10, 64)
+	for _, r := range s.Data {
+		if r == m {
+			continue
+		}
+		err := waitFor(ctx, topologyTimeout, "replica catches up", func() error {
+			ri, err := r.info(ctx, "replication")
+			if err != nil {
+				return err
+			}
+			if off, _ := strconv.ParseInt(ri["slave_repl_offset"], 10, 64); off < target {
+				return fmt.Errorf("%s at offset %d of %d", r.Addr, off, target)
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		for _, k := range keys {
+			n, err := r.Command(ctx, "EXISTS", k)
+			if err != nil {
+				return 0, err
+			}
+			if on, _ := n.AsInt64(); on == 1 {
+				continue
+			}
+			n, err = m.Command(ctx, "EXISTS", k)
+			if err != nil {
+				return 0, err
+			}
+			if on, _ := n.AsInt64(); on == 1 {
+				return 0, fmt.Errorf("%s has %q, its replica %s does not", m.Addr, k, r.Addr)
+			}
+		}
+	}
+	return len(keys), nil
+}
