@@ -8,12 +8,14 @@ import (
 	"github.com/llmgate/llmgate/internal/testutil"
 )
 
-// TestRedisWarnings: budgets on a real Redis without AOF, or with an
-// evicting policy, are warned about; with AOF and noeviction, or without
-// budgets, nothing is said.
+// TestRedisWarnings: budgets on a real Redis without AOF, with an
+// evicting policy, or with fewer replicas than budget.ack_replicas, are
+// warned about; with AOF and noeviction, or without budgets, nothing is
+// said.
 func TestRedisWarnings(t *testing.T) {
 	withBudget := &config.Config{Tenants: []config.Tenant{{Name: "a", Budget: &config.TenantBudget{Tokens: 10}}}}
 	noBudget := &config.Config{Tenants: []config.Tenant{{Name: "a"}}}
+	ackTwo := &config.Config{Tenants: withBudget.Tenants, Budget: config.BudgetStore{AckReplicas: 2}}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -24,6 +26,7 @@ func TestRedisWarnings(t *testing.T) {
 		{"aof", []string{"--appendonly", "yes"}, withBudget, nil},
 		{"aof but evicting", []string{"--appendonly", "yes", "--maxmemory-policy", "allkeys-lru"}, withBudget, []string{"maxmemory-policy allkeys-lru"}},
 		{"no budgets", nil, noBudget, nil},
+		{"acks from replicas it has not", []string{"--appendonly", "yes"}, ackTwo, []string{"ack_replicas is 2, but the store's master has 0 replicas"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rds := testutil.StartRedisArgs(t, tc.args...)

@@ -176,7 +176,7 @@ func openStores(cfg *config.Config, log *slog.Logger) (_ *stores, err error) {
 			log.Warn(w)
 		}
 		limits = rlredis.New(client, rlredis.Config{})
-		budgets = budgetredis.New(client, budgetredis.Config{})
+		budgets = budgetredis.New(client, budgetredis.Config{AckReplicas: cfg.Budget.AckReplicas})
 		st.locks = lockredis.New(client, lockredis.Config{})
 		st.dedup = dedupredis.New(client, dedupredis.Config{})
 		st.cache = respcache.NewRedis(client, "")
