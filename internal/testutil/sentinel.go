@@ -15,6 +15,10 @@ import (
 	"github.com/redis/rueidis"
 )
 
+// sentinelFailoverTimeout is the sentinels' failover-timeout: a failover
+// stuck this long is aborted.
+const sentinelFailoverTimeout = 20 * time.Second
+
 // Sentinel is a master with 2 replicas watched by 3 sentinels, on loopback.
 type Sentinel struct {
 	Data      []*Redis      // the master and its replicas; which is master changes with failovers
@@ -102,7 +106,7 @@ func NewSentinel(dir string) (*Sentinel, error) {
 		r, err := newRedis(d, conf, "--sentinel",
 			"--sentinel", "monitor", MasterSet, "127.0.0.1", strconv.Itoa(s.Data[0].Port), "2",
 			"--sentinel", "down-after-milliseconds", MasterSet, strconv.FormatInt(SentinelDownAfter.Milliseconds(), 10),
-			"--sentinel", "failover-timeout", MasterSet, "20000",
+			"--sentinel", "failover-timeout", MasterSet, strconv.FormatInt(sentinelFailoverTimeout.Milliseconds(), 10),
 			"--sentinel", "parallel-syncs", MasterSet, "2")
 		if err != nil {
 			s.Stop()
@@ -278,20 +282,56 @@ func (s *Sentinel) replicasUp(ctx context.Context, sn *Redis) error {
 
 // Failover asks a sentinel to fail over now (SENTINEL FAILOVER: no
 // agreement needed, the old master stays up and becomes a replica), waits
-// until the topology is stable again and returns the new master.
+// until the topology is stable again and returns the new master. A forced
+// failover can end without a promotion (the sentinel aborts it when no
+// replica answers well enough at that moment, as on a loaded machine): it
+// is asked again once the sentinel's failover-timeout has passed.
 func (s *Sentinel) Failover(ctx context.Context) (*Redis, error) {
 	old, err := s.Master(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Sentinels[0].ok(ctx, "SENTINEL", "FAILOVER", MasterSet); err != nil {
+	ask := func() error {
+		r, err := s.Sentinels[0].str(ctx, "SENTINEL", "FAILOVER", MasterSet)
+		if err != nil && strings.Contains(err.Error(), "INPROG") {
+			return nil // the last one is still running
+		}
+		if err == nil && r != "OK" {
+			err = fmt.Errorf("SENTINEL FAILOVER: %q", r)
+		}
+		return err
+	}
+	if err := ask(); err != nil {
 		return nil, err
 	}
-	m, err := s.waitPromoted(ctx, old)
+	asked := time.Now()
+	var m *Redis
+	err = waitFor(ctx, topologyTimeout, "sentinels promote a replica", func() error {
+		var err error
+		if m, err = s.agreedNewMaster(ctx, old); err == nil {
+			return nil
+		}
+		if time.Since(asked) > sentinelFailoverTimeout+SentinelDownAfter {
+			asked = time.Now()
+			if aerr := ask(); aerr != nil {
+				return errors.Join(err, aerr)
+			}
+		}
+		return err
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w; sentinel logs: %s", err, s.logTails())
 	}
 	return m, s.demote(ctx, old, m)
+}
+
+// logTails returns the end of every sentinel's log, for failures.
+func (s *Sentinel) logTails() string {
+	var b strings.Builder
+	for _, sn := range s.Sentinels {
+		fmt.Fprintf(&b, "\n--- %s:\n%s", sn.Addr, sn.logTail())
+	}
+	return b.String()
 }
 
 // demote makes old a replica of m at once, which the sentinels would do
