@@ -39,11 +39,11 @@ var (
 // clients in a closed loop over the three replicas.
 const (
 	cappedTenants    = 3
-	clientsPerTenant = 2
-	freeClients      = 4
-	// loadPace spaces each client's requests, so that ten clients do not
+	clientsPerTenant = 1
+	freeClients      = 2
+	// loadPace spaces each client's requests, so that the load does not
 	// take every core of a small machine.
-	loadPace = 10 * time.Millisecond
+	loadPace = 20 * time.Millisecond
 	// maxPerClient bounds each client's requests.
 	maxPerClient = 20_000
 	// requestTimeout bounds each request.
