@@ -270,15 +270,90 @@ func (c *loadClient) run(stop <-chan struct{}, done *sync.WaitGroup) {
 	}
 }
 
+// load is the clients of a run, each on its own goroutine.
+type load struct {
+	clients []*loadClient
+	stop    chan struct{}
+	done    sync.WaitGroup
+	stopped bool
+}
+
+// startLoad starts a client per capped tenant per clientsPerTenant (the
+// names' keys are cappedKey(index)), and freeClients for free, each
+// spreading its requests over reps.
+func startLoad(reps []*e2eutil.Replica, capped []string, free string) *load {
+	l := &load{stop: make(chan struct{})}
+	add := func(tenant string, isCapped bool, key, model string, k int) {
+		c := &loadClient{tenant: tenant, capped: isCapped, name: fmt.Sprintf("%s/%d", tenant, k), model: model}
+		for _, r := range reps {
+			c.sdks = append(c.sdks, r.SDK(key))
+		}
+		l.clients = append(l.clients, c)
+	}
+	for i, n := range capped {
+		for k := range clientsPerTenant {
+			add(n, true, cappedKey(i), "gpt-4.1", k)
+		}
+	}
+	for k := range freeClients {
+		add(free, false, freeKey, "gpt-4.1-mini", k)
+	}
+	for _, c := range l.clients {
+		l.done.Add(1)
+		go c.run(l.stop, &l.done)
+	}
+	return l
+}
+
+// end stops the clients and waits for them; it may be called again.
+func (l *load) end() {
+	if !l.stopped {
+		l.stopped = true
+		close(l.stop)
+		l.done.Wait()
+	}
+}
+
 // outcomes returns a copy of what the clients got so far.
-func outcomes(clients []*loadClient) []outcome {
+func (l *load) outcomes() []outcome {
 	var all []outcome
-	for _, c := range clients {
+	for _, c := range l.clients {
 		c.mu.Lock()
 		all = append(all, c.out...)
 		c.mu.Unlock()
 	}
 	return all
+}
+
+// each reports whether every client has at least n outcomes.
+func (l *load) each(n int) bool {
+	for _, c := range l.clients {
+		c.mu.Lock()
+		got := len(c.out)
+		c.mu.Unlock()
+		if got < n {
+			return false
+		}
+	}
+	return true
+}
+
+// recovered reports whether no request has failed since from, or since
+// the last failure, for sustain, with two answers a client since.
+func (l *load) recovered(from time.Time) bool {
+	all := l.outcomes()
+	for _, o := range all {
+		if o.kind != "ok" && o.end.After(from) {
+			from = o.end
+		}
+	}
+	ok := 0
+	for _, o := range all {
+		if o.kind == "ok" && o.start.After(from) {
+			ok++
+		}
+	}
+	return time.Since(from) >= sustain && ok >= 2*len(l.clients)
 }
 
 // failoverResult is what one failover cost.
@@ -331,22 +406,6 @@ func runFailover(t *testing.T, tp topology, ev failoverEvent) failoverResult {
 	freeSim := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1-mini"}, APIKeys: []string{e2eutil.ProviderKey}})
 	reps := e2eutil.StartReplicasYAML(t, 3, failoverYAML(tp.url, cappedSim.URL, freeSim.URL, free, names, ev.ackReplicas))
 
-	var clients []*loadClient
-	add := func(tenant string, capped bool, key, model string, k int) {
-		c := &loadClient{tenant: tenant, capped: capped, name: fmt.Sprintf("%s/%d", tenant, k), model: model}
-		for _, r := range reps {
-			c.sdks = append(c.sdks, r.SDK(key))
-		}
-		clients = append(clients, c)
-	}
-	for i, n := range names {
-		for k := range clientsPerTenant {
-			add(n, true, cappedKey(i), "gpt-4.1", k)
-		}
-	}
-	for k := range freeClients {
-		add(free, false, freeKey, "gpt-4.1-mini", k)
-	}
 	var before map[*testutil.Redis]int64
 	if tp.cluster != nil {
 		var err error
@@ -354,33 +413,10 @@ func runFailover(t *testing.T, tp topology, ev failoverEvent) failoverResult {
 			t.Fatal(err)
 		}
 	}
-	stop := make(chan struct{})
-	var done sync.WaitGroup
-	for _, c := range clients {
-		done.Add(1)
-		go c.run(stop, &done)
-	}
-	stopped := false
-	stopLoad := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			done.Wait()
-		}
-	}
-	defer stopLoad()
-	e2eutil.WaitUntil(t, time.Minute, "every client has 5 answers", func() bool {
-		for _, c := range clients {
-			c.mu.Lock()
-			n := len(c.out)
-			c.mu.Unlock()
-			if n < 5 {
-				return false
-			}
-		}
-		return true
-	})
-	for _, o := range outcomes(clients) {
+	l := startLoad(reps, names, free)
+	defer l.end()
+	e2eutil.WaitUntil(t, time.Minute, "every client has 5 answers", func() bool { return l.each(5) })
+	for _, o := range l.outcomes() {
 		if o.kind != "ok" {
 			t.Fatalf("before the failover a request of %s got %s", o.tenant, o.kind)
 		}
@@ -411,27 +447,12 @@ func runFailover(t *testing.T, tp topology, ev failoverEvent) failoverResult {
 	// takeover (storeurl.SentinelRefresh; a Cluster client on its first
 	// error); a loaded machine gets as long again as the takeover took.
 	bound := 2*takeover + 2*storeurl.SentinelRefresh + 5*time.Second
-	recovered := func() bool {
-		lastFail := stableAt
-		for _, o := range outcomes(clients) {
-			if o.kind != "ok" && o.end.After(lastFail) {
-				lastFail = o.end
-			}
-		}
-		okAfter := 0
-		for _, o := range outcomes(clients) {
-			if o.kind == "ok" && o.start.After(lastFail) {
-				okAfter++
-			}
-		}
-		return time.Since(lastFail) >= sustain && okAfter >= 2*len(clients)
-	}
 	deadline := start.Add(max(bound, stableAt.Sub(start)) + sustain + 5*time.Second)
-	for !recovered() && time.Now().Before(deadline) {
+	for !l.recovered(stableAt) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond) // the clients' outcomes: nothing to wait on
 	}
-	healed := recovered()
-	stopLoad()
+	healed := l.recovered(stableAt)
+	l.end()
 
 	res := failoverResult{takeover: takeover, window: time.Since(start), errors: map[string]int{}}
 	// What a failover may lose (docs/failover.md): nothing acknowledged
@@ -448,7 +469,7 @@ func runFailover(t *testing.T, tp topology, ev failoverEvent) failoverResult {
 	var freeAnswered, atRisk, freeAtRisk int64
 	byTenant := map[string]int{}
 	firstErr, lastErr := map[string]time.Duration{}, map[string]time.Duration{}
-	for _, o := range outcomes(clients) {
+	for _, o := range l.outcomes() {
 		if o.kind == "ok" {
 			if o.capped {
 				res.answered += o.tokens
@@ -491,12 +512,12 @@ func runFailover(t *testing.T, tp topology, ev failoverEvent) failoverResult {
 	}
 	for tenant, n := range byTenant {
 		t.Logf("%s: %d errors from %v to %v after the failover's start", tenant, n, firstErr[tenant].Round(time.Millisecond), lastErr[tenant].Round(time.Millisecond))
-		// A Cluster refuses every command (CLUSTERDOWN) from when it
-		// declares a master failed, a node timeout after it stopped
-		// answering at the earliest, until its replica took over.
 		if tenant == free {
 			t.Errorf("%s, without a budget (rate limits fail open), got %d errors", tenant, n)
 		}
+		// A Cluster refuses every command (CLUSTERDOWN) from when it
+		// declares a master failed, a node timeout after it stopped
+		// answering at the earliest, until its replica took over.
 		if tenant != free && !affected[tenant] && firstErr[tenant] < testutil.ClusterNodeTimeout {
 			t.Errorf("%s, whose budget is not on the failed master, got an error %v after its failure; the Cluster refuses it only once the node timeout (%v) declared the master failed",
 				tenant, firstErr[tenant], testutil.ClusterNodeTimeout)
@@ -575,10 +596,10 @@ func logMedians(t *testing.T, kind string, rs []failoverResult) {
 		slices.Sort(v)
 		return v[len(v)/2]
 	}
-	errs := map[string][]float64{}
+	errs := map[string]bool{}
 	for _, r := range rs {
 		for k := range r.errors {
-			errs[k] = nil
+			errs[k] = true
 		}
 	}
 	var parts []string
