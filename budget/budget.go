@@ -255,6 +255,12 @@ type Record struct {
 	MicroUSD int64
 	// Time is when the request was settled; Settle fills it in if zero.
 	Time time.Time
+	// LearnCompletion, when positive, is the completion tokens of one
+	// answer of a request that set no bound on them (no max_tokens): the
+	// store learns the completion estimate of the reservation's model
+	// from it (see Manager.Learned). Leave it 0 for a bounded request: its
+	// length says nothing of how long answers are.
+	LearnCompletion int64
 }
 
 // UsageRow aggregates the settled records of one tenant and period per
@@ -364,6 +370,12 @@ type ReserveRequest struct {
 	// late Settle replaces its charge (and a late Release takes it back)
 	// instead of charging on top.
 	Remember time.Duration
+	// WaiterLease, when positive, makes the request wait its turn in the
+	// window's line (see Backend): it goes first to no one who queued
+	// before it, and when it does not fit but may later it takes a place,
+	// which lives WaiterLease unless a Reserve of the same ID renews it.
+	// Zero: one attempt that neither queues nor looks at the line.
+	WaiterLease time.Duration
 }
 
 // Charge is what an expired hold is counted as in the usage rows.
@@ -397,8 +409,15 @@ type ReserveResult struct {
 	// Admitted reports whether the hold was taken (or already existed
 	// under this ID: a retried Reserve does not reserve twice).
 	Admitted bool
+	// Queued reports that the request, not admitted, has a place in the
+	// window's line (only with ReserveRequest.WaiterLease).
+	Queued bool
 	// Spent and Reserved are the window's totals after the call.
 	Spent, Reserved Amount
+	// Learned is the completion estimate the store learned for the
+	// request's model (Charge.Model) in this window (see LearnedEstimate);
+	// 0 while it knows too few answers.
+	Learned int64
 }
 
 // SettleRequest asks a Backend to end a hold and charge a record.
@@ -413,6 +432,17 @@ type SettleRequest struct {
 	Remember time.Duration
 	// Keep is as in ReserveRequest.
 	Keep time.Time
+	// Learn, when its Completion is positive, is an answer's size the
+	// store adds to what it learns estimates from (see LearnedEstimate).
+	Learn Sample
+}
+
+// Sample is the completion tokens of one answer to a request that set no
+// bound on them, for the learned estimates of Model (the model requests
+// reserve with).
+type Sample struct {
+	Model      string
+	Completion int64
 }
 
 // SettleResult is a Backend's answer to a SettleRequest.
@@ -437,25 +467,55 @@ type Totals struct {
 // spent and its Charge is added to the usage rows (one request, counted
 // Expired), and its ID is remembered as settled, with the charge, for the
 // hold's Remember.
+//
+// Each window has a waiting line, first come first served, for requests
+// that do not fit now but may once holds in flight settle below their
+// amounts. A place lives for its waiter's lease unless renewed; a waiter
+// whose lease passed (it died, or gave up without leaving) is dropped from
+// the line by the next call that looks at it. The first live waiter is
+// woken (Await) whenever a hold of the window ends (settled or released)
+// and when the waiter ahead of it leaves the line or is admitted.
+//
+// The store also learns, per window and model, a completion estimate from
+// the Sample of each settle (see LearnedEstimate), and reports it with
+// every Reserve.
 type Backend interface {
 	// Reserve takes the hold if, in every dimension with a cap, spent +
 	// reserved + hold ≤ cap and spent + reserved < cap. A hold that already
 	// exists under the ID is reported as admitted and not taken again. It
 	// returns ErrSettledID if the ID was settled within its Remember window.
-	// A denial changes nothing.
+	// A denial changes nothing but the line.
+	//
+	// With a WaiterLease, a request that has live waiters ahead of it in
+	// the line is not admitted: it takes (or renews) its place behind
+	// them, unless it could never fit (spent + hold above a cap), when it
+	// is denied and leaves the line. A request first in line (or facing an
+	// empty line) is admitted if it fits, and then leaves the line, waking
+	// the next waiter; if it does not fit, it takes or keeps its place
+	// when it may fit later (in every capped dimension that denies it,
+	// something is reserved and spent + hold ≤ cap), and is otherwise
+	// denied and leaves the line.
 	Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error)
+	// Await blocks until the waiter id of key's line is woken, timeout
+	// passes or ctx ends, and reports whether it was woken. The waiter then
+	// calls Reserve again (which also renews its place).
+	Await(ctx context.Context, key Key, id string, timeout time.Duration) (bool, error)
+	// Leave takes id out of key's line, waking the next waiter if id was
+	// first. Leaving a line one is not in does nothing.
+	Leave(ctx context.Context, key Key, id string) error
 	// Settle ends the hold of the ID (if it still exists) and charges the
 	// record, once per ID: a repeated Settle is a no-op with Applied false.
 	// A record whose hold was released, or expired and was forgotten, is
 	// still charged. A Settle of an expired hold whose charge is remembered
 	// replaces that charge (spend and usage row) with the record's, and is
-	// Applied. When it returns nil, the charge is durable as far as the
+	// Applied. It learns from req.Learn and wakes the first waiter of the
+	// line. When it returns nil, the charge is durable as far as the
 	// store promises.
 	Settle(ctx context.Context, req SettleRequest) (SettleResult, error)
 	// Release ends the hold of the ID without charging anything, or takes
 	// back the remembered charge of its expired hold (and forgets the ID,
-	// so that a later Settle is charged); it reports whether a hold or a
-	// charge was found.
+	// so that a later Settle is charged), waking the first waiter of the
+	// line; it reports whether a hold or a charge was found.
 	Release(ctx context.Context, key Key, id string) (bool, error)
 	// Renew extends the live hold of the ID and raises it (see
 	// RenewRequest); it reports false, changing nothing, when there is no

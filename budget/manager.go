@@ -29,6 +29,10 @@ const (
 	DefaultRetention = 400 * 24 * time.Hour
 	// MinTTL is the smallest reservation TTL accepted.
 	MinTTL = 10 * time.Millisecond
+	// DefaultWaiterLease is how long a place in a budget's waiting line
+	// lives without renewal (waiters renew it every third of it): a
+	// waiter that died holds up the line behind it this long at most.
+	DefaultWaiterLease = 2 * time.Second
 )
 
 // Config configures a Manager. The zero value is valid.
@@ -53,6 +57,10 @@ type Config struct {
 	// ErrStoreUnavailable and the caller denies the request. Either way
 	// every store failure is logged and counted in Stats.
 	FailOpen bool
+	// WaiterLease is how long a ReserveWait's place in the budget's
+	// waiting line lives unless renewed; waiters renew it every
+	// WaiterLease/3. Default DefaultWaiterLease, minimum MinTTL.
+	WaiterLease time.Duration
 	// Clock gives the time that decides which period a request falls in.
 	// Default the real clock. (Reservation expiry uses the store's clock.)
 	Clock clock.Clock
@@ -74,6 +82,9 @@ func (c Config) WithDefaults() Config {
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
+	if c.WaiterLease == 0 {
+		c.WaiterLease = DefaultWaiterLease
+	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
 	}
@@ -90,6 +101,9 @@ func (c Config) Validate() error {
 	}
 	if c.RememberSettled < MinTTL {
 		return fmt.Errorf("%w: config: RememberSettled %v is below the minimum %v", ErrInvalid, c.RememberSettled, MinTTL)
+	}
+	if c.WaiterLease < MinTTL {
+		return fmt.Errorf("%w: config: WaiterLease %v is below the minimum %v", ErrInvalid, c.WaiterLease, MinTTL)
 	}
 	if c.Retention < 0 {
 		return fmt.Errorf("%w: config: Retention %v is negative; use 0 for the default %v", ErrInvalid, c.Retention, DefaultRetention)
@@ -132,8 +146,8 @@ type Manager struct {
 	warnedMu sync.Mutex          // protects warned
 	warned   map[string]struct{} // unpriced models already logged
 
-	lines   lines // requests waiting in ReserveWait, per budget window
-	waiting atomic.Int64
+	learned learnedCache // the store's learned completion estimates
+	waiting atomic.Int64 // ReserveWaits in a line now
 }
 
 // New returns a Manager over b, or an error if cfg is invalid.
@@ -182,34 +196,46 @@ func (m *Manager) Stats() Stats {
 // nothing. If the store fails, Reserve returns an error wrapping
 // ErrStoreUnavailable, or, with Config.FailOpen, an Unchecked reservation.
 func (m *Manager) Reserve(ctx context.Context, b Budget, id, model string, estimate Usage) (Reservation, error) {
+	res, _, err := m.reserve(ctx, b, id, model, estimate, 0)
+	if e := (*ExhaustedError)(nil); errors.As(err, &e) {
+		m.denied.Add(1)
+	}
+	return res, err
+}
+
+// reserve is Reserve that, with a lease, waits its turn in the budget's
+// line: queued reports that it was not admitted but has a place in it, and
+// err is then the *ExhaustedError to return if it stops waiting. Denials
+// are not counted here: a waiter is denied once, when it gives up.
+func (m *Manager) reserve(ctx context.Context, b Budget, id, model string, estimate Usage, lease time.Duration) (res Reservation, queued bool, err error) {
 	if err := b.Validate(); err != nil {
-		return Reservation{}, err
+		return Reservation{}, false, err
 	}
 	if id == "" {
 		id = NewID()
 	}
 	if err := validName("reservation ID", id); err != nil {
-		return Reservation{}, err
+		return Reservation{}, false, err
 	}
 	if err := validName("model", model); err != nil {
-		return Reservation{}, err
+		return Reservation{}, false, err
 	}
 	if err := estimate.Validate(); err != nil {
-		return Reservation{}, fmt.Errorf("estimate: %w", err)
+		return Reservation{}, false, fmt.Errorf("estimate: %w", err)
 	}
 	cost, known := m.cfg.Prices.Cost(model, estimate)
 	if !known && b.MicroUSD > 0 {
-		return Reservation{}, fmt.Errorf("%w %q: the budget of tenant %q has a money cap, so the model needs a price: add it to the price table (USD per million tokens)", ErrUnknownPrice, model, b.Tenant)
+		return Reservation{}, false, fmt.Errorf("%w %q: the budget of tenant %q has a money cap, so the model needs a price: add it to the price table (USD per million tokens)", ErrUnknownPrice, model, b.Tenant)
 	}
 	hold := Amount{Tokens: estimate.Tokens(), MicroUSD: cost}
 	if hold.MicroUSD > MaxAmount {
-		return Reservation{}, fmt.Errorf("%w: estimate costs %s, above the maximum %s", ErrInvalid, FormatUSD(hold.MicroUSD), FormatUSD(MaxAmount))
+		return Reservation{}, false, fmt.Errorf("%w: estimate costs %s, above the maximum %s", ErrInvalid, FormatUSD(hold.MicroUSD), FormatUSD(MaxAmount))
 	}
 	w, err := b.Window(m.cfg.Clock.Now())
 	if err != nil {
-		return Reservation{}, err
+		return Reservation{}, false, err
 	}
-	res := Reservation{ID: id, Tenant: b.Tenant, Window: w, Model: model, Estimate: estimate, Hold: hold}
+	res = Reservation{ID: id, Tenant: b.Tenant, Window: w, Model: model, Estimate: estimate, Hold: hold}
 	r, err := m.b.Reserve(ctx, ReserveRequest{
 		Key:  Key{Tenant: b.Tenant, WindowID: w.ID},
 		ID:   id,
@@ -218,15 +244,16 @@ func (m *Manager) Reserve(ctx context.Context, b Budget, id, model string, estim
 		TTL:  m.cfg.TTL,
 		Keep: m.keep(w),
 		// Deployment unknown yet: Renew names it.
-		Charge:   Charge{Model: model, Usage: Usage{PromptTokens: estimate.PromptTokens, CompletionTokens: estimate.CompletionTokens}},
-		Remember: m.cfg.RememberSettled,
+		Charge:      Charge{Model: model, Usage: Usage{PromptTokens: estimate.PromptTokens, CompletionTokens: estimate.CompletionTokens}},
+		Remember:    m.cfg.RememberSettled,
+		WaiterLease: lease,
 	})
 	if err != nil {
 		if errors.Is(err, ErrSettledID) {
-			return Reservation{}, fmt.Errorf("reserve %q for tenant %q: %w", id, b.Tenant, err)
+			return Reservation{}, false, fmt.Errorf("reserve %q for tenant %q: %w", id, b.Tenant, err)
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
-			return Reservation{}, errors.Join(fmt.Errorf("%w: reserve for tenant %q: %w", ErrStoreUnavailable, b.Tenant, err), ctxErr)
+			return Reservation{}, false, errors.Join(fmt.Errorf("%w: reserve for tenant %q: %w", ErrStoreUnavailable, b.Tenant, err), ctxErr)
 		}
 		m.storeErrors.Add(1)
 		if m.cfg.FailOpen {
@@ -235,23 +262,27 @@ func (m *Manager) Reserve(ctx context.Context, b Budget, id, model string, estim
 				slog.String("tenant", b.Tenant), slog.String("window", w.ID), slog.String("error", err.Error()))
 			res.Unchecked = true
 			res.Left = Amount{Tokens: Unlimited, MicroUSD: Unlimited}
-			return res, nil
+			return res, false, nil
 		}
 		m.cfg.Logger.LogAttrs(ctx, slog.LevelError, "budget: store unavailable, denying (fail-closed)",
 			slog.String("tenant", b.Tenant), slog.String("window", w.ID), slog.String("error", err.Error()))
-		return Reservation{}, fmt.Errorf("%w: reserve for tenant %q: %w", ErrStoreUnavailable, b.Tenant, err)
+		return Reservation{}, false, fmt.Errorf("%w: reserve for tenant %q: %w", ErrStoreUnavailable, b.Tenant, err)
 	}
+	m.learned.set(b.Tenant, model, r.Learned)
 	left := leftOf(b.Cap(), r.Spent, r.Reserved)
 	if !r.Admitted {
-		m.denied.Add(1)
 		e := &ExhaustedError{Tenant: b.Tenant, Window: w, Need: hold, Left: left, Reserved: r.Reserved, Spent: r.Spent}
 		e.Tokens = b.Tokens > 0 && !fits(b.Tokens, r.Spent.Tokens+r.Reserved.Tokens, hold.Tokens)
 		e.Money = b.MicroUSD > 0 && !fits(b.MicroUSD, r.Spent.MicroUSD+r.Reserved.MicroUSD, hold.MicroUSD)
-		return Reservation{}, e
+		if !e.Tokens && !e.Money {
+			// It fits, but others were waiting for it first.
+			e.Tokens, e.Money = b.Tokens > 0, b.Tokens == 0
+		}
+		return Reservation{}, r.Queued, e
 	}
 	m.admitted.Add(1)
 	res.Spent, res.Reserved, res.Left = r.Spent, r.Reserved, left
-	return res, nil
+	return res, false, nil
 }
 
 // fits is the admission rule of one capped dimension.
@@ -331,6 +362,9 @@ func (m *Manager) Settle(ctx context.Context, res Reservation, rec Record) (Sett
 	if rec.Requests == 0 {
 		rec.Requests = 1
 	}
+	if rec.LearnCompletion < 0 || rec.LearnCompletion > MaxAmount/2 {
+		return Settled{}, fmt.Errorf("%w: settle %q: LearnCompletion %d is out of range", ErrInvalid, res.ID, rec.LearnCompletion)
+	}
 	if rec.MicroUSD < 0 || rec.MicroUSD > MaxAmount {
 		return Settled{}, fmt.Errorf("%w: settle %q: cost %d micro-dollars is out of range", ErrInvalid, res.ID, rec.MicroUSD)
 	}
@@ -341,12 +375,17 @@ func (m *Manager) Settle(ctx context.Context, res Reservation, rec Record) (Sett
 	if rec.Time.IsZero() {
 		rec.Time = m.cfg.Clock.Now()
 	}
+	var learn Sample
+	if rec.LearnCompletion > 0 && validName("model", res.Model) == nil {
+		learn = Sample{Model: res.Model, Completion: rec.LearnCompletion}
+	}
 	r, err := m.b.Settle(ctx, SettleRequest{
 		Key:      Key{Tenant: res.Tenant, WindowID: res.Window.ID},
 		ID:       res.ID,
 		Record:   rec,
 		Remember: m.cfg.RememberSettled,
 		Keep:     m.keep(res.Window),
+		Learn:    learn,
 	})
 	if err != nil {
 		if ctx.Err() == nil {
@@ -361,7 +400,6 @@ func (m *Manager) Settle(ctx context.Context, res Reservation, rec Record) (Sett
 	if r.Applied {
 		m.settled.Add(1)
 	}
-	m.wake(Key{Tenant: res.Tenant, WindowID: res.Window.ID})
 	return Settled{Record: rec, Duplicate: !r.Applied, Spent: r.Spent}, nil
 }
 
@@ -411,7 +449,6 @@ func (m *Manager) Release(ctx context.Context, res Reservation) error {
 			slog.String("error", err.Error()))
 		return errors.Join(fmt.Errorf("%w: release %q for tenant %q: %w", ErrStoreUnavailable, res.ID, res.Tenant, err), ctx.Err())
 	}
-	m.wake(Key{Tenant: res.Tenant, WindowID: res.Window.ID})
 	return nil
 }
 

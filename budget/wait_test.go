@@ -179,3 +179,54 @@ func waitQueued(t *testing.T, m *budget.Manager, n int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestReserveWaitFuncRetriesWithLearnedEstimate: a replica that knows
+// nothing yet reserves with its default, and when the store's reply
+// carries the estimate learned from other replicas' answers, it tries
+// again at once with it, instead of waiting for room it does not need.
+func TestReserveWaitFuncRetriesWithLearnedEstimate(t *testing.T) {
+	b, err := memory.Open(memory.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	newManager := func() *budget.Manager {
+		// Renewals of a place every 20 minutes: only a retry admits soon.
+		m, err := budget.New(b, budget.Config{WaiterLease: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	warm, cold := newManager(), newManager()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for range budget.LearnMinSamples {
+		r, err := warm.Reserve(ctx, waitBudget, "", "m", budget.Usage{PromptTokens: 10, CompletionTokens: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := warm.Settle(ctx, r, budget.Record{Usage: budget.Usage{PromptTokens: 10, CompletionTokens: 30}, LearnCompletion: 30}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := warm.Reserve(ctx, waitBudget, "", "m", tokens(600)); err != nil {
+		t.Fatal(err)
+	}
+	// 240 spent, 600 held: the default 10 + 500 does not fit, 10 + 30 does.
+	tries := 0
+	res, err := cold.ReserveWaitFunc(ctx, waitBudget, "", "m", func() budget.Usage {
+		tries++
+		completion, ok := cold.Learned("acme", "m")
+		if !ok {
+			completion = 500
+		}
+		return budget.Usage{PromptTokens: 10, CompletionTokens: completion}
+	}, time.Hour)
+	if err != nil {
+		t.Fatalf("ReserveWaitFunc: %v (estimate asked %d times)", err, tries)
+	}
+	if res.Estimate.CompletionTokens != 30 {
+		t.Fatalf("reserved %+v; want the learned 30 completion tokens", res.Estimate)
+	}
+}

@@ -2,6 +2,7 @@
 package clock
 
 import (
+	"context"
 	"sort"
 	"sync"
 	"time"
@@ -30,6 +31,19 @@ func (Real) Now() time.Time { return time.Now() }
 
 // AfterFunc wraps time.AfterFunc.
 func (Real) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// Sleep waits d of real time, or until ctx ends (then it returns
+// ctx.Err()).
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // Fake is a clock that only moves when Advance is called. The zero value is not
 // usable; create one with NewFake.

@@ -28,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/llmgate/llmgate/clock"
 	"strconv"
 	"sync"
 	"time"
@@ -377,7 +378,7 @@ func (g *Group) claim(ctx context.Context, key, fingerprint string) (*lock.Lease
 		// The lock is held but no flight is recorded yet: its holder is
 		// between taking the lock and recording its flight (one round trip),
 		// or died in between (its lease runs out). Look again shortly.
-		if err := sleep(ctx, backoff); err != nil {
+		if err := clock.Sleep(ctx, backoff); err != nil {
 			return nil, Flight{}, err
 		}
 		backoff = min(2*backoff, g.wait)
@@ -423,15 +424,3 @@ func (g *Group) waitFor(ctx context.Context) time.Duration {
 
 // deadlineMargin is left between a blocking read and its caller's deadline.
 const deadlineMargin = 5 * time.Millisecond
-
-// sleep waits d or until ctx ends (then it returns ctx.Err()).
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}

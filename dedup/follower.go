@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"github.com/llmgate/llmgate/clock"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -203,7 +204,7 @@ func (fo *Follower) Next(ctx context.Context) ([]byte, error) {
 			if fails >= maxReadFailures {
 				return nil, err
 			}
-			if err := sleep(ctx, time.Duration(fails)*20*time.Millisecond); err != nil {
+			if err := clock.Sleep(ctx, time.Duration(fails)*20*time.Millisecond); err != nil {
 				return nil, err
 			}
 			continue

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/llmgate/llmgate/clock"
 )
 
 // Lease is one acquisition of a lock. Its methods are safe for concurrent use.
@@ -22,13 +24,14 @@ type Lease struct {
 	// TTL is the lease duration asked for.
 	TTL time.Duration
 
-	b Backend
+	b   Backend
+	clk clock.Clock // validity, renewals and top-ups keep time on it
 	// granted is the lease length the store set at acquisition: TTL, or
 	// less after a hand-off.
 	granted time.Duration
 
 	mu         sync.Mutex // protects validUntil, err, watching, releasing, topUpTimer
-	topUpTimer *time.Timer
+	topUpTimer clock.Timer
 	validUntil time.Time
 	err        error // why the lease ended; nil while held
 	watching   bool
@@ -40,13 +43,13 @@ type Lease struct {
 	lost *atomic.Int64
 }
 
-func newLease(b Backend, key, token string, fence uint64, ttl time.Duration, validUntil time.Time, granted time.Duration) *Lease {
-	return &Lease{Key: key, Token: token, Fence: fence, TTL: ttl, b: b, granted: granted, validUntil: validUntil, done: make(chan struct{})}
+func newLease(b Backend, clk clock.Clock, key, token string, fence uint64, ttl time.Duration, validUntil time.Time, granted time.Duration) *Lease {
+	return &Lease{Key: key, Token: token, Fence: fence, TTL: ttl, b: b, clk: clk, granted: granted, validUntil: validUntil, done: make(chan struct{})}
 }
 
 // ValidUntil is the local time until which the lock is known to be ours,
-// computed from the monotonic clock and the round trip that confirmed it. It
-// moves forward with every successful renewal.
+// computed from the monotonic clock (the Locker's clock) and the round trip
+// that confirmed it. It moves forward with every successful renewal.
 func (l *Lease) ValidUntil() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -174,7 +177,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 func (l *Lease) scheduleTopUp() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.topUpTimer = time.AfterFunc(time.Until(l.validUntil)/2, l.topUp)
+	l.topUpTimer = l.clk.AfterFunc(l.validUntil.Sub(l.clk.Now())/2, l.topUp)
 }
 
 // topUp extends a hand-off grant to the full TTL.
@@ -182,7 +185,7 @@ func (l *Lease) topUp() {
 	if l.Err() != nil {
 		return
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), l.ValidUntil())
+	ctx, cancel := context.WithDeadline(context.Background(), l.realTime(l.ValidUntil()))
 	defer cancel()
 	if err := l.Extend(ctx, l.TTL); err != nil && !errors.Is(err, ErrNotHeld) {
 		// The watchdog (if any) retries; without one the lease simply keeps
@@ -215,17 +218,15 @@ func (l *Lease) watch(validUntil time.Time) {
 	// of it later, then every TTL/3 on a fixed schedule.
 	next := validUntil.Add(-l.granted + l.granted/3)
 	period := l.TTL / 3
-	timer := time.NewTimer(0)
-	defer timer.Stop()
 	for {
-		if !sleepUntil(timer, next, l.done) {
+		if !l.sleepUntil(next) {
 			return
 		}
-		if !l.renew(timer) {
+		if !l.renew() {
 			return
 		}
 		next = next.Add(period)
-		if now := time.Now(); next.Before(now) {
+		if now := l.clk.Now(); next.Before(now) {
 			next = now
 		}
 	}
@@ -233,19 +234,19 @@ func (l *Lease) watch(validUntil time.Time) {
 
 // renew extends the lease, retrying transient failures until it is confirmed
 // or its validity runs out. It reports whether the lease is still held.
-func (l *Lease) renew(timer *time.Timer) bool {
+func (l *Lease) renew() bool {
 	backoff := 10 * time.Millisecond
 	var lastErr error
 	for {
 		deadline := l.ValidUntil()
-		if !time.Now().Before(deadline) {
+		if !l.clk.Now().Before(deadline) {
 			if lastErr == nil {
 				lastErr = errors.New("validity ran out before renewal")
 			}
 			l.lose(fmt.Errorf("not confirmed before its validity ran out: %w", lastErr))
 			return false
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		ctx, cancel := context.WithDeadline(context.Background(), l.realTime(deadline))
 		err := l.Extend(ctx, l.TTL)
 		cancel()
 		if err == nil {
@@ -255,24 +256,46 @@ func (l *Lease) renew(timer *time.Timer) bool {
 			return false // Extend already ended the lease
 		}
 		lastErr = err
-		wake := time.Now().Add(backoff)
+		wake := l.clk.Now().Add(backoff)
 		if wake.After(deadline) {
 			wake = deadline
 		}
-		if !sleepUntil(timer, wake, l.done) {
+		if !l.sleepUntil(wake) {
 			return false
 		}
 		backoff = min(backoff*2, max(l.TTL/10, 10*time.Millisecond))
 	}
 }
 
-// sleepUntil waits until t or until stop is closed; it reports whether t came.
-func sleepUntil(timer *time.Timer, t time.Time, stop <-chan struct{}) bool {
-	timer.Reset(time.Until(t))
+// sleepUntil waits, on the Locker's clock, until t or until the lease
+// ends; it reports whether t came.
+func (l *Lease) sleepUntil(t time.Time) bool {
+	d := t.Sub(l.clk.Now())
+	if d <= 0 {
+		select {
+		case <-l.done:
+			return false
+		default:
+			return true
+		}
+	}
+	due := make(chan struct{})
+	timer := l.clk.AfterFunc(d, func() { close(due) })
 	select {
-	case <-timer.C:
+	case <-due:
 		return true
-	case <-stop:
+	case <-l.done:
+		timer.Stop()
 		return false
 	}
+}
+
+// realTime is the real time at which the Locker's clock shows t: a
+// context deadline, which runs on real time, for a call that must end by
+// t. With the real clock it is t.
+func (l *Lease) realTime(t time.Time) time.Time {
+	if _, isReal := l.clk.(clock.Real); isReal {
+		return t
+	}
+	return time.Now().Add(t.Sub(l.clk.Now()))
 }

@@ -19,6 +19,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/llmgate/llmgate/clock"
 )
 
 // Errors returned by this package and its backends.
@@ -144,8 +146,19 @@ type Inspector interface {
 // Locker hands out leases from a Backend.
 type Locker struct {
 	b     Backend
+	clk   clock.Clock
 	stats lockStats
 }
+
+// Option configures a Locker.
+type Option func(*Locker)
+
+// WithClock sets the clock leases keep time on: when the watchdog renews,
+// when validity runs out, when a hand-off is topped up (default: the real
+// clock). It must be the clock the backend's Grant.ValidUntil and Extend
+// are given on: a fake one for a backend on a fake clock (lock/memory in
+// tests), the real one for a networked store.
+func WithClock(c clock.Clock) Option { return func(l *Locker) { l.clk = c } }
 
 // Stats counts what a Locker's leases went through.
 type Stats struct {
@@ -167,7 +180,16 @@ func (l *Locker) Stats() Stats {
 }
 
 // New returns a Locker over b.
-func New(b Backend) *Locker { return &Locker{b: b} }
+func New(b Backend, opts ...Option) *Locker {
+	l := &Locker{b: b, clk: clock.Real{}}
+	for _, o := range opts {
+		o(l)
+	}
+	if l.clk == nil {
+		l.clk = clock.Real{}
+	}
+	return l
+}
 
 // Backend returns the store side of l.
 func (l *Locker) Backend() Backend { return l.b }
@@ -209,7 +231,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts Options, wait boo
 	if granted <= 0 || granted > opts.TTL {
 		granted = opts.TTL
 	}
-	lease := newLease(l.b, key, token, g.Fence, opts.TTL, g.ValidUntil, granted)
+	lease := newLease(l.b, l.clk, key, token, g.Fence, opts.TTL, g.ValidUntil, granted)
 	lease.lost = &l.stats.lost
 	l.stats.acquired.Add(1)
 	if g.HandedOff {

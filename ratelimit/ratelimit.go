@@ -627,7 +627,7 @@ func (l *Limiter) Wait(ctx context.Context, req Request) (Decision, error) {
 				return Decision{ID: r.ID}, err
 			}
 			bound()
-			if werr := sleepCtx(ctx, backoff); werr != nil {
+			if werr := clock.Sleep(ctx, backoff); werr != nil {
 				return l.giveUp(ctx, r, last)
 			}
 			backoff = min(2*backoff, 500*time.Millisecond)
@@ -686,7 +686,7 @@ func (l *Limiter) startAdmitted(ctx context.Context, r *Request, d Decision, p *
 		l.local.noteStore(p, d, waited || d.Delay > 0)
 	}
 	if d.Delay > 0 {
-		if err := sleepCtx(ctx, d.Delay); err != nil {
+		if err := clock.Sleep(ctx, d.Delay); err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			_ = l.b.Settle(rctx, r.ID, nil)
@@ -706,17 +706,6 @@ func (l *Limiter) giveUp(ctx context.Context, r *Request, last Decision) (Decisi
 	last.ID = r.ID
 	last.Allowed = false
 	return last, fmt.Errorf("%w: %w", ErrLimited, ctx.Err())
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // Settle records the real cost of an admitted request: actual[i] replaces

@@ -28,23 +28,30 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 export LLMGATE_REQUIRE_CHROMIUM=1
 
-echo "== go vet"
+# Each phase says when it starts (seconds since this script began), so a
+# slow CI run shows where its time went.
+phase() { echo "== $* (at ${SECONDS}s)"; }
+
+phase go vet
 go vet ./...
 # bench/peers (the peer lock libraries, measured against llmgate's) is a
 # module of its own, so that their dependencies stay out of llmgate's.
-echo "== go vet (bench/peers)"
+phase "go vet (bench/peers)"
 (cd bench/peers && go vet ./...)
-echo "== staticcheck"
+phase staticcheck
 # Pinned: a new release can add checks that fail a passing tree.
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 (cd bench/peers && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...)
-echo "== go test -race"
-go test -race -count=1 -timeout 15m "$@" ./...
-echo "== go test -race (bench/peers)"
+phase go test -race
+# The end-to-end tests mostly wait on processes and timers: four at a time
+# keep two cores busy.
+go test -race -count=1 -parallel 4 -timeout 15m "$@" ./...
+phase "go test -race (bench/peers)"
 (cd bench/peers && go test -race -count=1 -timeout 5m "$@" ./...)
 # Every fuzz target, 1000 executions past its seed corpus (FUZZ=0 skips
 # this; FUZZTIME=30s ./scripts/fuzz.sh explores longer).
 if [ "${FUZZ:-1}" != 0 ]; then
-	echo "== fuzz"
+	phase fuzz
 	./scripts/fuzz.sh
 fi
+phase done

@@ -95,6 +95,11 @@ func Run(t *testing.T, newStore NewStore) {
 		{"TenantsIndependent", s.testTenantsIndependent},
 		{"LargeAmountsExact", s.testLargeAmounts},
 		{"InvalidInput", s.testInvalid},
+		{"LineFirstComeFirstServed", s.testLineFirstComeFirstServed},
+		{"LineRefusesWhatCanNeverFit", s.testLineRefusesWhatCanNeverFit},
+		{"LineDeadWaiterEvicted", s.testLineDeadWaiterEvicted},
+		{"ReserveWaitAcrossReplicas", s.testReserveWaitAcrossReplicas},
+		{"LearnedEstimate", s.testLearnedEstimate},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

@@ -113,6 +113,21 @@ type window struct {
 	expired         map[string]*hold     // settled IDs charged by expiry, with what was charged
 	rows            map[rowKey]*budget.UsageRow
 	keep            time.Time
+	line            []*waiter           // requests waiting for room, oldest first
+	learned         map[string]*learned // per reserved model
+}
+
+// learned is what a window learned of one model's answers.
+type learned struct {
+	samples  []int64 // recent answers' completion tokens, oldest first
+	estimate int64   // budget.LearnedEstimate(samples)
+}
+
+// waiter is a place in a window's line.
+type waiter struct {
+	id    string
+	lease time.Time     // dropped from the line after this, unless renewed
+	wake  chan struct{} // buffered(1): its turn may have come
 }
 
 type hold struct {
@@ -217,6 +232,7 @@ func newWindow(keep time.Time) *window {
 		settled: make(map[string]time.Time),
 		expired: make(map[string]*hold),
 		rows:    make(map[rowKey]*budget.UsageRow),
+		learned: make(map[string]*learned),
 		keep:    keep,
 	}
 }
@@ -274,7 +290,7 @@ func (b *Backend) purgeLocked(now time.Time) {
 	}
 	b.nextPurge = now.Add(purgeEvery)
 	for k, w := range b.windows {
-		if w.keep.Before(now) && len(w.holds) == 0 {
+		if w.keep.Before(now) && len(w.holds) == 0 && len(w.line) == 0 {
 			delete(b.windows, k)
 		}
 	}
@@ -368,6 +384,26 @@ func (w *window) unexpire(id string) bool {
 	return true
 }
 
+// learn adds an answer's size to what the estimates of its model are
+// learned from.
+func (w *window) learn(s budget.Sample) {
+	if s.Completion <= 0 || s.Model == "" {
+		return
+	}
+	l := w.learned[s.Model]
+	if l == nil {
+		l = &learned{}
+		w.learned[s.Model] = l
+	}
+	if len(l.samples) == 2*budget.LearnWindow {
+		// Only the last LearnWindow count; dropping the rest now and
+		// then keeps the copies rare.
+		l.samples = append(l.samples[:0:0], l.samples[budget.LearnWindow:]...)
+	}
+	l.samples = append(l.samples, s.Completion)
+	l.estimate = budget.LearnedEstimate(l.samples)
+}
+
 // free ends the live hold h.
 func (w *window) free(h *hold) {
 	heap.Remove(&w.expiry, h.index)
@@ -381,7 +417,8 @@ func (w *window) isSettled(id string, now time.Time) bool {
 	return ok && f.After(now)
 }
 
-// Reserve takes the hold if it fits under every cap.
+// Reserve takes the hold if it fits under every cap and, with a waiter
+// lease, if no one waits ahead of it (see budget.Backend).
 func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budget.ReserveResult, error) {
 	if err := ctx.Err(); err != nil {
 		return budget.ReserveResult{}, err
@@ -393,16 +430,40 @@ func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budge
 	}
 	now := b.clk.Now()
 	w := b.windowLocked(req.Key, req.Keep, now)
+	res := budget.ReserveResult{Spent: w.spent, Reserved: w.reserved}
+	if l := w.learned[req.Charge.Model]; l != nil {
+		res.Learned = l.estimate
+	}
 	if w.isSettled(req.ID, now) {
+		w.leave(req.ID, now)
 		return budget.ReserveResult{}, budget.ErrSettledID
 	}
-	res := budget.ReserveResult{Spent: w.spent, Reserved: w.reserved}
 	if _, held := w.holds[req.ID]; held {
+		w.leave(req.ID, now)
 		res.Admitted = true
 		return res, nil
 	}
+	queue := req.WaiterLease > 0
+	if queue {
+		if first := w.head(now); first != nil && first.id != req.ID {
+			// Others wait for room first.
+			if !mayFitEver(req.Cap, w.spent, req.Hold) {
+				w.leave(req.ID, now)
+				return res, nil
+			}
+			w.join(req.ID, now.Add(req.WaiterLease))
+			res.Queued = true
+			return res, nil
+		}
+	}
 	if !fits(req.Cap.Tokens, w.spent.Tokens+w.reserved.Tokens, req.Hold.Tokens) ||
 		!fits(req.Cap.MicroUSD, w.spent.MicroUSD+w.reserved.MicroUSD, req.Hold.MicroUSD) {
+		if queue && mayFitLater(req.Cap, w.spent, w.reserved, req.Hold) {
+			w.join(req.ID, now.Add(req.WaiterLease))
+			res.Queued = true
+		} else if queue {
+			w.leave(req.ID, now)
+		}
 		return res, nil
 	}
 	h := &hold{id: req.ID, amt: req.Hold, charge: req.Charge, remember: req.Remember, expires: now.Add(req.TTL)}
@@ -410,8 +471,132 @@ func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budge
 	heap.Push(&w.expiry, h)
 	w.reserved = w.reserved.Add(req.Hold)
 	res.Admitted, res.Reserved = true, w.reserved
+	if queue {
+		w.leave(req.ID, now) // the next in line may fit too
+	}
 	b.changedLocked()
 	return res, nil
+}
+
+// mayFitEver reports whether hold fits under every cap once nothing is
+// reserved.
+func mayFitEver(limit, spent, hold budget.Amount) bool {
+	return fits(limit.Tokens, spent.Tokens, hold.Tokens) && fits(limit.MicroUSD, spent.MicroUSD, hold.MicroUSD)
+}
+
+// mayFitLater reports whether a hold that does not fit now may once the
+// holds in flight settle below their amounts: in every dimension that
+// denies it something is reserved, and it fits once nothing is.
+func mayFitLater(limit, spent, reserved, hold budget.Amount) bool {
+	if !fits(limit.Tokens, spent.Tokens+reserved.Tokens, hold.Tokens) && reserved.Tokens <= 0 {
+		return false
+	}
+	if !fits(limit.MicroUSD, spent.MicroUSD+reserved.MicroUSD, hold.MicroUSD) && reserved.MicroUSD <= 0 {
+		return false
+	}
+	return mayFitEver(limit, spent, hold)
+}
+
+// head returns the first live waiter of w's line (nil if none), dropping
+// those whose lease has passed: they died, or gave up without leaving.
+func (w *window) head(now time.Time) *waiter {
+	n := 0
+	for n < len(w.line) && !w.line[n].lease.After(now) {
+		n++
+	}
+	if n > 0 {
+		w.line = append(w.line[:0:0], w.line[n:]...)
+	}
+	if len(w.line) == 0 {
+		return nil
+	}
+	return w.line[0]
+}
+
+// join puts id at the end of w's line, or renews its place.
+func (w *window) join(id string, lease time.Time) {
+	for _, q := range w.line {
+		if q.id == id {
+			q.lease = lease
+			return
+		}
+	}
+	w.line = append(w.line, &waiter{id: id, lease: lease, wake: make(chan struct{}, 1)})
+}
+
+// leave takes id out of w's line; if it was first, the next is woken.
+func (w *window) leave(id string, now time.Time) {
+	for i, q := range w.line {
+		if q.id != id {
+			continue
+		}
+		w.line = append(w.line[:i:i], w.line[i+1:]...)
+		if i == 0 {
+			w.wakeHead(now)
+		}
+		return
+	}
+}
+
+// wakeHead tells the first live waiter of w's line that its turn may have
+// come.
+func (w *window) wakeHead(now time.Time) {
+	if q := w.head(now); q != nil {
+		select {
+		case q.wake <- struct{}{}:
+		default: // already told
+		}
+	}
+}
+
+// waiterLocked returns id's place in key's line, or nil; b.mu must be held.
+func (b *Backend) waiterLocked(key budget.Key, id string) *waiter {
+	if w := b.windows[key]; w != nil {
+		for _, q := range w.line {
+			if q.id == id {
+				return q
+			}
+		}
+	}
+	return nil
+}
+
+// Await waits until id's turn in key's line may have come, or timeout
+// passes (in real time: it bounds the caller's wait), or ctx ends.
+func (b *Backend) Await(ctx context.Context, key budget.Key, id string, timeout time.Duration) (bool, error) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return false, ErrClosed
+	}
+	q := b.waiterLocked(key, id)
+	b.mu.Unlock()
+	if q == nil {
+		return true, nil // not in line (dropped): the caller asks again
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-q.wake:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// Leave takes id out of key's line.
+func (b *Backend) Leave(_ context.Context, key budget.Key, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrClosed
+	}
+	if w := b.windows[key]; w != nil {
+		w.leave(id, b.clk.Now())
+	}
+	return nil
 }
 
 // fits is the admission rule of one dimension; limit 0 means no cap.
@@ -445,6 +630,8 @@ func (b *Backend) Settle(ctx context.Context, req budget.SettleRequest) (budget.
 	w.spent = w.spent.Add(budget.Amount{Tokens: rec.Usage.Tokens(), MicroUSD: rec.MicroUSD})
 	w.count(rec.Model, rec.Deployment, max(rec.Requests, 1), 0, rec.Usage, rec.MicroUSD)
 	w.settle(req.ID, now.Add(req.Remember))
+	w.learn(req.Learn)
+	w.wakeHead(now)
 	res := budget.SettleResult{Applied: true, Spent: w.spent}
 	b.dirty++
 	return res, b.waitDurableLocked(ctx, b.dirty)
@@ -513,9 +700,11 @@ func (b *Backend) Release(_ context.Context, key budget.Key, id string) (bool, e
 	if w == nil {
 		return false, nil
 	}
-	b.sweepLocked(w, b.clk.Now())
+	now := b.clk.Now()
+	b.sweepLocked(w, now)
 	if h := w.holds[id]; h != nil {
 		w.free(h)
+		w.wakeHead(now)
 		b.changedLocked()
 		return true, nil
 	}
@@ -523,6 +712,7 @@ func (b *Backend) Release(_ context.Context, key budget.Key, id string) (bool, e
 		// Forgotten, so that a later Settle is charged (its settledQ entry
 		// finds nothing to forget).
 		delete(w.settled, id)
+		w.wakeHead(now)
 		b.changedLocked()
 		return true, nil
 	}

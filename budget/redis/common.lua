@@ -17,6 +17,14 @@
 -- KEYS[7] expired  hash: reservation ID -> the charge its expiry made,
 --                  "<tokens> <µUSD> <prompt> <completion> <row>", while the
 --                  ID is in settled (a late settle replaces it)
+-- KEYS[8] line     zset: waiting requests' IDs, score = arrival order
+-- KEYS[9] leases   zset: the same IDs, score = server ms when the place
+--                  is dropped unless renewed
+-- KEYS[10] learned hash: "s:<model>" -> recent answers' completion tokens,
+--                  newest first, space-separated; "e:<model>" -> the
+--                  estimate learned from them
+-- and, not declared (same hash tag), <KEYS[1] without its "t">n:<id>, a
+-- list a waiter blocks on (BLPOP) until it is woken.
 --
 -- (The holds hash keeps its two-number format, so that scripts of earlier
 -- versions, which know only the first five keys, still read it.)
@@ -160,11 +168,114 @@ local function unexpire(id)
   return true
 end
 
--- keep sets every key to expire at keep_ms (the window's end plus its
--- retention, by the caller's clock), but not sooner than MIN_KEEP_MS.
+-- keep sets the window's keys (not its line, which lives by its leases)
+-- to expire at keep_ms (the window's end plus its retention, by the
+-- caller's clock), but not sooner than MIN_KEEP_MS.
 local function keep(keep_ms)
   local at = math.max(tonumber(keep_ms), now_ms + MIN_KEEP_MS)
-  for i = 1, #KEYS do
+  for i = 1, 7 do
     redis.call('PEXPIREAT', KEYS[i], int(at))
+  end
+  redis.call('PEXPIREAT', KEYS[10], int(at))
+end
+
+-- The waiting line. LINE_SCAN bounds the expired places one call drops.
+local LINE_SCAN = 64
+-- How long a wake-up waits for its waiter: it is taken within the
+-- waiter's lease, or deleted when the waiter leaves.
+local WAKE_TTL_MS = 60000
+
+local function wake_key(id)
+  return string.sub(KEYS[1], 1, -2) .. 'n:' .. id
+end
+
+-- line_drop takes id out of the line (and its wake-up with it).
+local function line_drop(id)
+  redis.call('ZREM', KEYS[8], id)
+  redis.call('ZREM', KEYS[9], id)
+  redis.call('DEL', wake_key(id))
+end
+
+-- line_head returns the first live waiter (nil if none), dropping those
+-- whose lease has passed: they died, or gave up without leaving.
+local function line_head()
+  for _ = 1, LINE_SCAN do
+    local first = redis.call('ZRANGE', KEYS[8], 0, 0)[1]
+    if not first then return nil end
+    if tonumber(redis.call('ZSCORE', KEYS[9], first) or '0') > now_ms then
+      return first
+    end
+    line_drop(first)
+  end
+  return nil
+end
+
+-- line_join puts id at the end of the line, or renews its place.
+local function line_join(id, lease_ms)
+  if not redis.call('ZSCORE', KEYS[8], id) then
+    local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
+    local seq = 1
+    if last[2] then seq = tonumber(last[2]) + 1 end
+    redis.call('ZADD', KEYS[8], seq, id)
+  end
+  redis.call('ZADD', KEYS[9], int(now_ms + lease_ms), id)
+  for i = 8, 9 do
+    if redis.call('PTTL', KEYS[i]) < 2 * lease_ms then
+      redis.call('PEXPIRE', KEYS[i], int(2 * lease_ms))
+    end
+  end
+end
+
+-- wake_head tells the first live waiter that its turn may have come.
+local function wake_head()
+  local first = line_head()
+  if first then
+    local k = wake_key(first)
+    if redis.call('LLEN', k) == 0 then
+      redis.call('RPUSH', k, '1')
+      redis.call('PEXPIRE', k, WAKE_TTL_MS)
+    end
+  end
+end
+
+-- line_leave takes id out of the line; if it was first, the next is woken.
+local function line_leave(id)
+  local first = line_head()
+  if not first then return end
+  line_drop(id)
+  if first == id then wake_head() end
+end
+
+-- Learned completion estimates, as budget.LearnedEstimate computes them:
+-- the LEARN_PERCENTILE-th percentile (nearest rank) of the last
+-- LEARN_WINDOW answers, once there are LEARN_MIN_SAMPLES.
+local LEARN_WINDOW, LEARN_MIN_SAMPLES, LEARN_PERCENTILE = 64, 8, 98
+
+-- learn_samples adds new answers' sizes (oldest first) to model's samples
+-- and stores the estimate they give.
+local function learn_samples(model, new)
+  local s = {}
+  for i = #new, 1, -1 do
+    s[#s + 1] = new[i]
+  end
+  local old = redis.call('HGET', KEYS[10], 's:' .. model)
+  if old then
+    for v in string.gmatch(old, '%d+') do
+      if #s >= LEARN_WINDOW then break end
+      s[#s + 1] = tonumber(v)
+    end
+  end
+  while #s > LEARN_WINDOW do
+    table.remove(s)
+  end
+  local text = {}
+  for i = 1, #s do
+    text[i] = int(s[i])
+  end
+  redis.call('HSET', KEYS[10], 's:' .. model, table.concat(text, ' '))
+  if #s >= LEARN_MIN_SAMPLES then
+    table.sort(s)
+    local rank = math.floor((LEARN_PERCENTILE * #s + 99) / 100)
+    redis.call('HSET', KEYS[10], 'e:' .. model, int(math.max(s[rank], 1)))
   end
 end

@@ -2,7 +2,7 @@
 //
 // # Keys
 //
-// The state of tenant T in window W (e.g. "2026-11") lives in seven keys
+// The state of tenant T in window W (e.g. "2026-11") lives in ten keys
 // sharing the hash tag {T:W}, so every script touches one Cluster slot
 // (in T, "%", "{" and "}" are written %25, %7B and %7D):
 //
@@ -13,6 +13,12 @@
 //	<prefix>{T:W}:u  hash: usage rows (requests, tokens, µUSD, expired requests per model and deployment)
 //	<prefix>{T:W}:c  hash: live holds, reservation ID -> what it is charged if it expires
 //	<prefix>{T:W}:e  hash: expired holds, reservation ID -> the charge made (while remembered)
+//	<prefix>{T:W}:q  zset: the waiting line, reservation ID by arrival
+//	<prefix>{T:W}:w  zset: the same IDs by when their place is dropped unless renewed
+//	<prefix>{T:W}:l  hash: recent answers' sizes and the estimate learned from them, per model
+//
+// and, per waiter, <prefix>{T:W}:n:<id>, a list it blocks on (BLPOP) until
+// a settle, a release or the waiter ahead of it wakes it: no polling.
 //
 // Every script first sweeps expired holds, charging them (see the budget
 // package doc), reading time from the server (redis.call('TIME')), so a
@@ -56,6 +62,8 @@ var (
 	renewSrc string
 	//go:embed usage.lua
 	usageSrc string
+	//go:embed leave.lua
+	leaveSrc string
 
 	reserveScript = newScript(commonSrc + reserveSrc)
 	settleScript  = newScript(commonSrc + settleSrc)
@@ -63,6 +71,7 @@ var (
 	totalsScript  = rueidis.NewLuaScript(commonSrc + totalsSrc)
 	renewScript   = newScript(commonSrc + renewSrc)
 	usageScript   = rueidis.NewLuaScript(commonSrc + usageSrc)
+	leaveScript   = newScript(commonSrc + leaveSrc)
 )
 
 // DefaultPrefix starts every key this backend writes.
@@ -115,12 +124,17 @@ func New(c rueidis.Client, cfg Config) *Backend {
 	return &Backend{c: c, prefix: cfg.Prefix, ackReplicas: cfg.AckReplicas, ackTimeout: cfg.AckTimeout, settles: map[string]*settleQueue{}}
 }
 
-// Keys returns the seven Redis keys of key's window, in the order the
+// Keys returns the ten Redis keys of key's window, in the order the
 // scripts take them: totals, holds, expiry, settled, usage, charges,
-// expired.
+// expired, line, leases, learned.
 func (b *Backend) Keys(key budget.Key) []string {
-	base := b.prefix + "{" + tagEscaper.Replace(key.Tenant) + ":" + key.WindowID + "}:"
-	return []string{base + "t", base + "h", base + "x", base + "s", base + "u", base + "c", base + "e"}
+	base := b.base(key)
+	return []string{base + "t", base + "h", base + "x", base + "s", base + "u", base + "c", base + "e", base + "q", base + "w", base + "l"}
+}
+
+// base is what every key of key's window starts with.
+func (b *Backend) base(key budget.Key) string {
+	return b.prefix + "{" + tagEscaper.Replace(key.Tenant) + ":" + key.WindowID + "}:"
 }
 
 // tagEscaper keeps braces in a tenant's name from ending the hash tag early
@@ -141,9 +155,14 @@ func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budge
 		itoa(req.Charge.Usage.PromptTokens), itoa(req.Charge.Usage.CompletionTokens),
 		itoa(max(req.Remember.Milliseconds(), 1)),
 		rowField(req.Charge.Model, req.Charge.Deployment),
+		itoa(max(req.WaiterLease.Milliseconds(), 0)),
+		req.Charge.Model,
+	}
+	if req.WaiterLease > 0 {
+		args[11] = itoa(max(req.WaiterLease.Milliseconds(), 1))
 	}
 	r, ackErr := b.write(ctx, reserveScript, b.Keys(req.Key), args)
-	v, err := ints(r, 5)
+	v, err := ints(r, 6)
 	if err != nil {
 		return budget.ReserveResult{}, fmt.Errorf("budget: redis reserve: %w", err)
 	}
@@ -158,9 +177,12 @@ func (b *Backend) Reserve(ctx context.Context, req budget.ReserveRequest) (budge
 	res := budget.ReserveResult{
 		Spent:    budget.Amount{Tokens: v[1], MicroUSD: v[2]},
 		Reserved: budget.Amount{Tokens: v[3], MicroUSD: v[4]},
+		Learned:  v[5],
 	}
 	switch v[0] {
 	case 0:
+	case 4:
+		res.Queued = true
 	case 1, 2:
 		res.Admitted = true
 	case 3:
@@ -260,7 +282,7 @@ func (b *Backend) sendBatch(ctx context.Context, keys []string, batch []*settleC
 	for _, c := range batch {
 		keep = max(keep, c.req.Keep.UnixMilli())
 	}
-	args := make([]string, 1, 1+9*len(batch))
+	args := make([]string, 1, 1+11*len(batch))
 	args[0] = itoa(keep)
 	for _, c := range batch {
 		rec := c.req.Record
@@ -271,6 +293,7 @@ func (b *Backend) sendBatch(ctx context.Context, keys []string, batch []*settleC
 			rowField(rec.Model, rec.Deployment),
 			itoa(max(c.req.Remember.Milliseconds(), 1)),
 			itoa(max(rec.Requests, 1)),
+			c.req.Learn.Model, itoa(max(c.req.Learn.Completion, 0)),
 		)
 	}
 	r, ackErr := b.write(ctx, settleScript, keys, args)
@@ -299,6 +322,36 @@ func (b *Backend) Release(ctx context.Context, key budget.Key, id string) (bool,
 		return false, fmt.Errorf("budget: redis release: %w", err)
 	}
 	return n == 1, nil
+}
+
+// Await blocks on id's wake-up list for up to timeout.
+func (b *Backend) Await(ctx context.Context, key budget.Key, id string, timeout time.Duration) (bool, error) {
+	// A client-side deadline keeps the timeout: an idle Redis checks BLPOP
+	// timeouts only once per server tick (100 ms at hz 10). A wake-up
+	// popped just as the deadline fires is lost, which only costs the
+	// waiter's next Reserve, which it makes anyway.
+	wctx, cancel := context.WithTimeout(ctx, max(timeout, time.Millisecond))
+	defer cancel()
+	cmd := b.c.B().Blpop().Key(b.base(key) + "n:" + id).Timeout((timeout + 5*time.Second).Seconds()).Build().UnblockOnCancel()
+	err := b.c.Do(wctx, cmd).Error()
+	switch {
+	case err == nil:
+		return true, nil
+	case rueidis.IsRedisNil(err) || (ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)):
+		return false, nil
+	case ctx.Err() != nil:
+		return false, ctx.Err()
+	}
+	return false, fmt.Errorf("budget: redis await: %w", err)
+}
+
+// Leave runs leave.lua.
+func (b *Backend) Leave(ctx context.Context, key budget.Key, id string) error {
+	r, ackErr := b.write(ctx, leaveScript, b.Keys(key), []string{id})
+	if err := errors.Join(r.Error(), ackErr); err != nil {
+		return fmt.Errorf("budget: redis leave: %w", err)
+	}
+	return nil
 }
 
 // Renew runs renew.lua.

@@ -1,7 +1,7 @@
 -- renew.lua: extend a live hold and raise it to what its request has used
 -- so far.
 --
--- KEYS[1..7] see common.lua
+-- KEYS[1..10] see common.lua
 -- ARGV[1] id          reservation ID
 -- ARGV[2] ttl_ms      the hold now expires this long after now (server time)
 -- ARGV[3] tokens      hold: at least this many tokens

@@ -1,6 +1,6 @@
 -- totals.lua: a window's spend and live holds, after sweeping expired ones.
 --
--- KEYS[1..7] see common.lua
+-- KEYS[1..10] see common.lua
 -- (no ARGV)
 --
 -- Returns {spent_tokens, spent_usd, reserved_tokens, reserved_usd, holds}.

@@ -1,7 +1,7 @@
 -- usage.lua: a window's usage rows, after sweeping expired holds (whose
 -- charges are counted in the rows).
 --
--- KEYS[1..7] see common.lua
+-- KEYS[1..10] see common.lua
 -- (no ARGV)
 --
 -- Returns the usage hash as HGETALL does: field, value, field, value...

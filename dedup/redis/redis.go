@@ -89,7 +89,7 @@ type Backend struct {
 var _ dedup.Backend = (*Backend)(nil)
 
 // New returns a backend that stores flights through c. The caller keeps
-// ownership of c.
+// ownership of c, and calls Close on the backend before closing c.
 func New(c rueidis.Client, cfg Config) *Backend {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
@@ -98,6 +98,10 @@ func New(c rueidis.Client, cfg Config) *Backend {
 	b.locks = &locks{Backend: lockredis.New(c, lockredis.Config{Prefix: cfg.Prefix + "lock:"}), c: c}
 	return b
 }
+
+// Close ends the leader locks' wake-up subscription (see lock/redis's
+// Backend.Close). Call it before closing the client.
+func (b *Backend) Close() { b.locks.Close() }
 
 // Key returns the Redis key of the record of flight key.
 func (b *Backend) Key(key string) string { return b.prefix + "{" + key + "}" }

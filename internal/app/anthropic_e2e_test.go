@@ -43,6 +43,7 @@ func anthropicSDK(r *replica, key string) anthropic.Client {
 // and output tokens per minute, at several times what those allow. The
 // replicas share the limits: the provider answers no request 429.
 func TestE2EAnthropicReplicasShareTokenLimits(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a burst of a few hundred requests over about 15s; runs without -short")
 	}

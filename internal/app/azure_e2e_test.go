@@ -18,6 +18,7 @@ import (
 // OpenAI (resource URL, api_version, a deployment name per model), serves
 // the OpenAI SDK's chat completions through llmgate serve.
 func TestE2EAzureProvider(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	s := newE2ESim(t, sim.Config{APIKeys: []string{e2eutil.ProviderKey}, AzureDeployments: map[string]string{"prod-41": "gpt-4.1"}})
 	y := gatewayConfig{Store: "memory", SimURL: s.url, LogLevel: "info"}.YAML()

@@ -14,23 +14,26 @@ import (
 	"github.com/llmgate/llmgate/internal/testutil"
 )
 
-// TestE2EBudgetUsedUnderOverDemand: a 5,000-token budget under three times
+// TestE2EBudgetUsedUnderOverDemand: a 2,500-token budget under three times
 // the demand it allows, through three replicas on one Redis, with requests
-// that do not set max_tokens (so each reserves an estimate far above what
-// it uses). Requests that do not fit while others are in flight wait for
-// them to settle instead of being refused, so at least 90% of the budget is
-// used, and the spend is never above it, although every request is sent
-// at once and never retried (insufficient_quota says not to). What may be
-// left unused is about one cold estimate (prompt + 256 completion tokens):
-// a replica that has not yet seen an answer of its own keeps that
-// estimate, and its waiters cannot fit the last few hundred tokens.
+// that do not set max_tokens (so each reserves an estimate, not a bound).
+// Requests that do not fit while others are in flight wait, in one line
+// across the replicas, for them to settle instead of being refused, and
+// every replica reserves with the completion estimate learned in the store
+// from all their answers, so at least 90% of the budget is used, and the
+// spend is never above it, although every request is sent at once and
+// never retried (insufficient_quota says not to). What is left unused is
+// less than one estimate (prompt + learned completion): the first waiter
+// that cannot fit once nothing is in flight is refused, and so is
+// everyone behind it.
 func TestE2EBudgetUsedUnderOverDemand(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
-		budgetTokens = 5000
-		// 330 requests at once, each about 45 tokens: three times what
+		budgetTokens = 2500
+		// 180 requests at once, each about 45 tokens: three times what
 		// the budget allows. Each client sends one.
-		perReplica = 110
+		perReplica = 60
 		perClient  = 1
 	)
 	rds := testutil.StartRedis(t)

@@ -33,6 +33,7 @@ func headOf(n int) string {
 // TestE2EEdgeSlowBody: a client that trickles its body gets a 408 once
 // server.body_timeout has passed, and its connection is closed.
 func TestE2EEdgeSlowBody(t *testing.T) {
+	t.Parallel()
 	const bodyTimeout = time.Second
 	s := newE2ESim(t, sim.Config{})
 	r := e2eutil.LaunchReplica(t, "edge-slowbody", gatewayConfig{Store: "memory", SimURL: s.url,
@@ -92,6 +93,7 @@ func TestE2EEdgeSlowBody(t *testing.T) {
 // reads it is cut after server.stream_write_timeout, and the upstream call
 // with it.
 func TestE2EEdgeClientStopsReading(t *testing.T) {
+	t.Parallel()
 	var ended atomic.Int64 // when the provider's request context ended, unix ns
 	chunk := `data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-4.1","choices":[{"index":0,"delta":{"content":"` +
 		strings.Repeat("x", 64<<10) + `"}}]}` + "\n\n"
@@ -141,6 +143,7 @@ func TestE2EEdgeClientStopsReading(t *testing.T) {
 // connection is answered 503 too_many_connections and closed; closing one
 // lets a new one in.
 func TestE2EEdgeConnectionCap(t *testing.T) {
+	t.Parallel()
 	s := newE2ESim(t, sim.Config{})
 	r := e2eutil.LaunchReplica(t, "edge-conncap-in", gatewayConfig{Store: "memory", SimURL: s.url,
 		Extra: "server: {max_connections: 3}\n"})
@@ -240,6 +243,7 @@ func TestE2EEdgeConnectionCap(t *testing.T) {
 // in its error body, in a header, and in a successful answer, never gets
 // it relayed to the client.
 func TestE2EEdgeSecretsEchoed(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		auth := r.Header.Get("Authorization")
 		key := strings.TrimPrefix(auth, "Bearer ")
@@ -271,6 +275,7 @@ func TestE2EEdgeSecretsEchoed(t *testing.T) {
 // TestE2EEdgeMetricsToken: with metrics_token_env, /metrics needs that
 // token; without it, /metrics is open.
 func TestE2EEdgeMetricsToken(t *testing.T) {
+	t.Parallel()
 	const token = "e2e-metrics-token-3b7f1a90"
 	s := newE2ESim(t, sim.Config{})
 	get := func(r *replica, tok string) (int, string) {

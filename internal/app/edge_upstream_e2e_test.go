@@ -89,6 +89,7 @@ func readResponses(t *testing.T, out string) []*http.Response {
 // request; bytes after the last chunk are not a second request; a
 // Content-Length of -0 is refused before the gateway's handler runs.
 func TestE2EEdgeClientFraming(t *testing.T) {
+	t.Parallel()
 	s := newE2ESim(t, sim.Config{})
 	r := e2eutil.LaunchReplica(t, "edge-framing", gatewayConfig{Store: "memory", SimURL: s.url})
 	r.WaitReady(t)
@@ -197,6 +198,7 @@ func vmHWM(t *testing.T, pid int) int64 {
 // header lines without end, or 1xx answers without end, costs the gateway
 // a bounded amount of memory and gets the client a 502 quickly.
 func TestE2EEdgeEndlessUpstreamHeaders(t *testing.T) {
+	t.Parallel()
 	line := "X-Flood: " + strings.Repeat("a", 64<<10) + "\r\n"
 	for _, tc := range []struct {
 		name  string
@@ -251,6 +253,7 @@ func TestE2EEdgeEndlessUpstreamHeaders(t *testing.T) {
 // when the gateway makes one attempt: the transport does not replay a
 // request whose bytes reached the server.
 func TestE2EEdgeNoHiddenReplay(t *testing.T) {
+	t.Parallel()
 	var seen atomic.Int64 // requests that asked for "second"
 	answer := `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-4.1","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
 	up := hostileUpstream(t, func(c net.Conn) {
@@ -286,6 +289,7 @@ func TestE2EEdgeNoHiddenReplay(t *testing.T) {
 // offers HTTP/2 gets it, with concurrent requests on one connection; an
 // HTTP/1.1 provider gets at most upstream.max_conns_per_host connections.
 func TestE2EEdgeUpstreamHTTP2AndConnCap(t *testing.T) {
+	t.Parallel()
 	sv, err := sim.New(sim.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -412,6 +416,7 @@ func TestE2EEdgeUpstreamHTTP2AndConnCap(t *testing.T) {
 // before reading it all (its own size limit, below the gateway's) gets the
 // provider's 413 relayed, after one attempt, not a 502 after three.
 func TestE2EEdgeEarlyUpstreamAnswer(t *testing.T) {
+	t.Parallel()
 	var calls atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
@@ -439,6 +444,7 @@ func TestE2EEdgeEarlyUpstreamAnswer(t *testing.T) {
 // TestE2EEdgeServeTLS: with a certificate and key configured, the gateway
 // serves HTTPS with HTTP/2, and the official SDK works through it.
 func TestE2EEdgeServeTLS(t *testing.T) {
+	t.Parallel()
 	s := newE2ESim(t, sim.Config{})
 	dir := t.TempDir()
 	certPEM, keyPEM := selfSigned(t)

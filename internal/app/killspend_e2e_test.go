@@ -488,6 +488,7 @@ func (cs *clientStreams) waitKilled(t *testing.T) {
 // (Tokens served after the last renewal, above an estimate that was not an
 // upper bound, may go uncharged: see the budget package doc.)
 func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
 		capTokens = 100_000 // never reached
@@ -614,6 +615,7 @@ func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
 // cap is not overshot: the expiries charge the estimates), and replica B
 // refuses the next request: the dead replica's spend counts.
 func TestE2EKilledReplicaSpendWithMaxTokens(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
 		maxTokens = 30

@@ -68,7 +68,9 @@ func (a *App) runLock(c lockConfig) int {
 		return exitUsage
 	}
 	defer client.Close()
-	locker := lock.New(redis.New(client, redis.Config{}))
+	backend := redis.New(client, redis.Config{})
+	defer backend.Close() // before the client: it ends the wake-up subscription
+	locker := lock.New(backend)
 
 	// Catch signals from here on; signals that were ignored when llmgate
 	// started stay ignored, for llmgate and CMD alike (nohup, '&' in scripts).

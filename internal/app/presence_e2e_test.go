@@ -21,6 +21,7 @@ import (
 // replica sharing its Redis (by host and pid), and one that stops drops
 // off the list.
 func TestE2EDashboardSeesReplicas(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})

@@ -20,6 +20,7 @@ import (
 // through one replica, streams one through another, and retrieves and
 // continues each through a replica that did not create it.
 func TestE2EResponsesAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	s := newE2ESim(t, sim.Config{APIKeys: []string{e2eutil.ProviderKey}})

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/rueidis"
 
 	"github.com/llmgate/llmgate/internal/config"
 	"github.com/llmgate/llmgate/internal/connlimit"
@@ -72,23 +73,37 @@ func (a *App) checkConfig(args []string) int {
 	return exitOK
 }
 
-// checkStore connects to cfg's Redis store, if any, and returns what
-// check-config should warn about it: that it cannot be reached from here,
-// or what it lacks for budgets (redisWarnings).
+// checkStore connects to cfg's Redis stores, if any, and returns what
+// check-config should warn about them: that they cannot be reached from
+// here, or what their settings lack (redisWarnings, cacheRedisWarnings).
 func checkStore(cfg *config.Config) []string {
-	if storeurl.IsMemory(cfg.Store) || !hasBudgets(cfg) {
-		return nil
+	var w []string
+	if !storeurl.IsMemory(cfg.Store) {
+		w = append(w, checkRedis("store", cfg.Store, func(ctx context.Context, c rueidis.Client) ([]string, error) {
+			return redisWarnings(ctx, c, cfg)
+		})...)
 	}
-	client, err := storeurl.OpenRedis(cfg.Store)
+	if !cfg.CacheSharesStore() && !storeurl.IsMemory(cfg.Cache.Store) {
+		w = append(w, checkRedis("cache.store", cfg.Cache.Store, func(ctx context.Context, c rueidis.Client) ([]string, error) {
+			return cacheRedisWarnings(ctx, c, cfg)
+		})...)
+	}
+	return w
+}
+
+// checkRedis connects to the Redis at url (the setting at path) and runs
+// check on it.
+func checkRedis(path, url string, check func(context.Context, rueidis.Client) ([]string, error)) []string {
+	client, err := storeurl.OpenRedis(url)
 	if err != nil {
-		return []string{fmt.Sprintf("store: not reachable from here, so its persistence was not checked: %v", err)}
+		return []string{fmt.Sprintf("%s: not reachable from here, so its settings were not checked: %v", path, err)}
 	}
 	defer client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), storeCheckTimeout)
 	defer cancel()
-	w, err := redisWarnings(ctx, client, cfg)
+	w, err := check(ctx, client)
 	if err != nil {
-		return []string{fmt.Sprintf("store: its persistence could not be checked: %v", err)}
+		return []string{fmt.Sprintf("%s: its settings could not be checked: %v", path, err)}
 	}
 	return w
 }

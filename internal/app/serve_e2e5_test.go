@@ -44,6 +44,7 @@ const (
 // the same events in the same order), one as the leader and 99 as
 // followers, each with its own request id.
 func TestE2EDedupAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	// A delay per token, so that followers relay a stream while it is
@@ -141,6 +142,7 @@ func dedupBurst(t *testing.T, s *gatedSim, reps []*replica, stream bool) {
 // with the body's keys in another order); the key with another body gets
 // 409 on every replica, and the stored answer survives that.
 func TestE2EIdempotencyKeyAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
@@ -212,6 +214,7 @@ func TestE2EIdempotencyKeyAcrossReplicas(t *testing.T) {
 // answer, one of them as the new leader; the provider saw two calls in all
 // (the dead one and the takeover).
 func TestE2EDedupLeaderKilled(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
 		leaseTTL   = 2 * time.Second
@@ -315,6 +318,7 @@ func TestE2EDedupLeaderKilled(t *testing.T) {
 // misses used the tenant's whole minute, which a final uncached request
 // shows (429).
 func TestE2ECacheHitsAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const hitsPerReplica = 3
 	rds := testutil.StartRedis(t)
@@ -326,7 +330,7 @@ func TestE2ECacheHitsAcrossReplicas(t *testing.T) {
 	defer cancel()
 	rc := rds.Client(t)
 	entries := func() int {
-		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*:e:*`).Build()).AsStrSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -393,6 +397,7 @@ var sessionTurnRE = regexp.MustCompile(`session (\d+) turn (\d+)"`)
 // provider holds turn 0 of every session, and turn k is sent only once the
 // session's queue in Redis holds k waiters.
 func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const sessions, turns = 3, 30
 	rds := testutil.StartRedis(t)
@@ -495,6 +500,7 @@ func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 // it opts into, and a request's x-llmgate-cache-ttl opts in any model;
 // x-llmgate-cache: skip neither reads nor writes the cache.
 func TestE2ECacheTTLs(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	models := []string{"gpt-4.1", "gpt-4.1-mini"}
@@ -506,7 +512,7 @@ func TestE2ECacheTTLs(t *testing.T) {
 	defer cancel()
 	rc := rds.Client(t)
 	entries := func() map[string]bool {
-		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*:e:*`).Build()).AsStrSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -582,6 +588,7 @@ func TestE2ECacheTTLs(t *testing.T) {
 // once over three replicas while the provider holds the first: one
 // upstream call, 30 identical answers; the next is a cache hit.
 func TestE2ECacheStampede(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const n = 30
 	rds := testutil.StartRedis(t)
@@ -611,7 +618,7 @@ func TestE2ECacheStampede(t *testing.T) {
 	}
 	rc := rds.Client(t)
 	waitUntil(t, 10*time.Second, "the answer is in the cache", func() bool {
-		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*:e:*`).Build()).AsStrSlice()
 		return err == nil && len(keys) == 1
 	})
 	hit := e2eutil.Send(ctx, reps[2], body)
@@ -632,6 +639,7 @@ func TestE2ECacheStampede(t *testing.T) {
 // budget. The followers show in the usage rows as requests without tokens;
 // the idempotency key's answer is kept for dedup.idempotency_ttl (1h).
 func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
+	t.Parallel()
 	const prompt = "pay once"
 	body := fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":64,"messages":[{"role":"user","content":%q}]}`, prompt)
 	// The reservation the gateway makes: the prompt as counted offline
@@ -660,7 +668,7 @@ func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
 			hkey := dedupredis.New(rc, dedupredis.Config{}).Key("idem:team-a:" + key)
 			waitUntil(t, 10*time.Second, "the flight is finished and the answer cached", func() bool {
 				st, err := rc.Do(ctx, rc.B().Hget().Key(hkey).Field("s").Build()).ToString()
-				keys, kerr := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*`).Build()).AsStrSlice()
+				keys, kerr := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*:e:*`).Build()).AsStrSlice()
 				return err == nil && st == "f" && kerr == nil && len(keys) == 1
 			})
 			if ms, err := rc.Do(ctx, rc.B().Pttl().Key(hkey).Build()).AsInt64(); err != nil || ms > time.Hour.Milliseconds() || ms < (59*time.Minute).Milliseconds() {
@@ -730,6 +738,7 @@ func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
 // lease: the next turn, queued on another replica, reaches the provider
 // within the lease plus a margin, with a higher fencing token.
 func TestE2ESessionReplicaKilled(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
 		ttl = 2 * time.Second

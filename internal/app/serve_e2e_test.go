@@ -37,6 +37,7 @@ import (
 // 429, a client gets 429 only after waiting its whole max_wait, and the
 // arrivals at the provider fit a 600-request bucket refilling at 10/s.
 func TestE2EReplicasShareProviderRPM(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a 1,000-request burst that lasts about 30s; runs without -short")
 	}
@@ -192,6 +193,7 @@ func TestE2EReplicasShareProviderRPM(t *testing.T) {
 // still holds: the provider, enforcing a quota just above the gateway's,
 // never answers 429.
 func TestE2EMemoryStoreLocalQuota(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	// The gateway's quota is a little below the provider's, as it should be
 	// configured: two buckets of the same size in two processes can differ
@@ -285,6 +287,7 @@ func TestE2EMemoryStoreLocalQuota(t *testing.T) {
 // charged, and once the budget is used up every replica answers 429
 // insufficient_quota with x-should-retry: false.
 func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
 		budgetTokens = 2000
@@ -449,6 +452,7 @@ func provoke429(t *testing.T) (*e2eSim, []*replica, time.Time) {
 // reaching the provider; and one that may wait long enough goes through
 // once the provider's retry-after has passed, without another 429.
 func TestE2EProvider429HoldsBackEveryReplica(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	s, reps, first429 := provoke429(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -532,6 +536,7 @@ func TestE2EProvider429HoldsBackEveryReplica(t *testing.T) {
 // through when the provider has room for it, the next would only 12s
 // later, past the others' wait. The provider answers one 429 in all.
 func TestE2ECooldownEndReleasesAHerd(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	s, reps, _ := provoke429(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -587,6 +592,7 @@ func TestE2ECooldownEndReleasesAHerd(t *testing.T) {
 // within that hold, and two streams on the other replicas get the permits
 // within 15 s of the kill.
 func TestE2EKilledReplicaFreesConcurrency(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const hold = config.DefaultReservationHold // running requests renew it every half hold
 	rds := testutil.StartRedis(t)
@@ -714,6 +720,7 @@ func TestE2EKilledReplicaFreesConcurrency(t *testing.T) {
 // then the store going away. No key, token or password may appear in
 // anything they print.
 func TestE2ESecretsNeverLogged(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	// testutil's readiness PING has no password, so the password is set
@@ -802,6 +809,7 @@ func TestE2ESecretsNeverLogged(t *testing.T) {
 // one configured with budget.fail_open serves it, unchecked (rate limits
 // fail open by default).
 func TestE2EStoreDownBudgetPolicy(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
@@ -837,6 +845,7 @@ func TestE2EStoreDownBudgetPolicy(t *testing.T) {
 // invalid file, both holding a Redis password, with the provider key in
 // the environment.
 func TestE2ECheckConfig(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	dir := t.TempDir()
 	valid := gatewayConfig{
@@ -904,9 +913,10 @@ func TestE2ECheckConfig(t *testing.T) {
 // no OPENAI_API_KEY runs on the memory store with the built-in simulated
 // provider, says so, and serves the official SDK (JSON and stream).
 func TestE2EServeEmbeddedDefault(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	home := t.TempDir()
-	r := e2eutil.Launch(t, "default", []string{"HOME=" + home, "OPENAI_API_KEY="}, "--listen", "127.0.0.1:0")
+	r := e2eutil.Launch(t, "default", []string{"HOME=" + home, "XDG_STATE_HOME=", "OPENAI_API_KEY="}, "--listen", "127.0.0.1:0")
 	r.WaitReady(t)
 	if !strings.Contains(r.Stderr.String(), "running the embedded default (memory store, built-in simulated provider)") {
 		t.Errorf("serve does not say it runs the embedded default:\n%s", r.Stderr.String())

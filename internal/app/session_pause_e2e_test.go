@@ -110,6 +110,7 @@ func checkLost(t *testing.T, ctx context.Context, r *replica, session string) {
 // never two at once, with increasing fencing tokens; the paused turn gets
 // session_lost, counted and logged on A, and A serves the next turn.
 func TestE2ESessionHolderPaused(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
 		ttl     = 2 * time.Second

@@ -100,6 +100,7 @@ func (w *stallingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // what docs/gateway.md says), and nothing stays held: no budget hold, no
 // rate-limit reservation, no concurrency permit.
 func TestE2EShutdownSettlesCutStreams(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
 		streams    = 6
@@ -279,6 +280,7 @@ func assertNothingHeld(t *testing.T, ctx context.Context, rds *testutil.Redis) {
 // drain delay and grace: the replica exits at once, its stream cut and
 // settled.
 func TestE2EShutdownSecondSignal(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
 		stallAfter = 3

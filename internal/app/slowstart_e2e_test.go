@@ -23,6 +23,7 @@ import (
 // get the gateway's own 429 after their max wait (10s: a cold replica on a
 // loaded machine may take seconds over its first answers).
 func TestE2EColdBurstOverConfiguredLimit(t *testing.T) {
+	t.Parallel()
 	e2eutil.LogRuntime(t)
 	const (
 		realRPM    = 120

@@ -122,7 +122,9 @@ type stores struct {
 	locks   lock.Backend
 	dedup   dedup.Backend
 	cache   respcache.Store
-	tenants tenants.Store
+	// cachePing pings the cache's own Redis (nil: it has none).
+	cachePing func(context.Context) error
+	tenants   tenants.Store
 	// ready pings the store (nil for the memory store).
 	ready func(context.Context) error
 	// client is the Redis client (nil for the memory store).
@@ -155,7 +157,6 @@ func openStores(cfg *config.Config, log *slog.Logger) (_ *stores, err error) {
 		limits, budgets = rlmemory.New(clock.Real{}), bm
 		st.locks = lockmemory.New(clock.Real{})
 		st.dedup = dedupmemory.New(clock.Real{})
-		st.cache = respcache.NewMemory(int64(cfg.Cache.MaxBytes), clock.Real{})
 		if st.tenants, err = tenants.OpenMemory(filepath.Join(cfg.StateDir, "tenants.json")); err != nil {
 			st.close()
 			return nil, err
@@ -177,14 +178,19 @@ func openStores(cfg *config.Config, log *slog.Logger) (_ *stores, err error) {
 		}
 		limits = rlredis.New(client, rlredis.Config{})
 		budgets = budgetredis.New(client, budgetredis.Config{AckReplicas: cfg.Budget.AckReplicas})
-		st.locks = lockredis.New(client, lockredis.Config{})
-		st.dedup = dedupredis.New(client, dedupredis.Config{})
-		st.cache = respcache.NewRedis(client, "")
+		locks, dd := lockredis.New(client, lockredis.Config{}), dedupredis.New(client, dedupredis.Config{})
+		// Their wake-up subscriptions' connections are theirs to close.
+		st.close = func() { locks.Close(); dd.Close(); client.Close() }
+		st.locks, st.dedup = locks, dd
 		st.tenants = tenants.NewRedis(client, "")
 		st.ready = func(ctx context.Context) error {
 			return client.Do(ctx, client.B().Ping().Build()).Error()
 		}
 	}
+	cache := openCache(cfg, log, st.client)
+	st.cache, st.cachePing = cache.store, cache.ping
+	closeStore := st.close
+	st.close = func() { cache.close(); closeStore() }
 	defer func() {
 		if err != nil {
 			st.close()
@@ -305,6 +311,7 @@ func (a *App) gatewayOptions(cfg *config.Config, st *stores, up *provider.Client
 		},
 		Cache: gateway.CacheOptions{
 			Store:  st.cache,
+			Ping:   st.cachePing,
 			MaxTTL: cfg.Cache.MaxTTL,
 			Length: cfg.Cache.CacheLength,
 		},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/internal/sim"
+	"github.com/llmgate/llmgate/internal/storeurl"
 	"github.com/llmgate/llmgate/ratelimit"
 )
 
@@ -108,6 +109,7 @@ const (
 	EnvListen     = "LLMGATE_LISTEN"
 	EnvHTTPServer = "LLMGATE_HTTP_SERVER"
 	EnvStore      = "LLMGATE_STORE"
+	EnvCacheStore = "LLMGATE_CACHE_STORE"
 	EnvStateDir   = "LLMGATE_STATE_DIR"
 	EnvMaxWait    = "LLMGATE_MAX_WAIT"
 	EnvLogLevel   = "LLMGATE_LOG_LEVEL"
@@ -647,14 +649,28 @@ func (d Dedup) DeterministicOn() bool { return d.Deterministic == nil || *d.Dete
 
 // Cache configures the response cache.
 type Cache struct {
+	// Store is where answers are kept: memory (each process its own) or
+	// a Redis URL in the forms of the top-level store, a Redis of the
+	// cache's own. Empty: the top-level store. Env LLMGATE_CACHE_STORE.
+	Store string `yaml:"store"`
 	// MaxBytes bounds the memory store's cache (least recently used
 	// answers go first). Default DefaultCacheMaxBytes.
 	MaxBytes Size `yaml:"max_bytes"`
+	// MaxBytesPerTenant bounds one tenant's answers, in either store: its
+	// least recently used (memory) or closest to expiry (Redis) go first.
+	// Default DefaultCacheMaxBytesPerTenant.
+	MaxBytesPerTenant Size `yaml:"max_bytes_per_tenant"`
 	// MaxTTL caps the TTL a request may ask for with x-llmgate-cache-ttl.
 	// Default DefaultCacheMaxTTL.
 	MaxTTL time.Duration `yaml:"max_ttl"`
 	// CacheLength also caches answers cut by finish_reason "length".
 	CacheLength bool `yaml:"cache_length"`
+}
+
+// CacheSharesStore reports whether the response cache is kept on the
+// top-level store: cache.store is empty or names the same store.
+func (c *Config) CacheSharesStore() bool {
+	return c.Cache.Store == "" || c.Cache.Store == c.Store || (storeurl.IsMemory(c.Cache.Store) && storeurl.IsMemory(c.Store))
 }
 
 // Dedup and cache defaults.
@@ -663,7 +679,10 @@ const (
 	DefaultDedupRetain    = 10 * time.Second
 	DefaultIdempotencyTTL = 24 * time.Hour
 	DefaultCacheMaxBytes  = 256 << 20
-	DefaultCacheMaxTTL    = 24 * time.Hour
+	// DefaultCacheMaxBytesPerTenant is respcache.DefaultTenantBytes: a
+	// tenant's largest answer is then 8 MiB, the Redis store's entry bound.
+	DefaultCacheMaxBytesPerTenant = 64 << 20
+	DefaultCacheMaxTTL            = 24 * time.Hour
 )
 
 // Session defaults.
@@ -775,6 +794,9 @@ func (c *Config) SetDefaults(getenv func(string) string) {
 	if c.Cache.MaxBytes == 0 {
 		c.Cache.MaxBytes = DefaultCacheMaxBytes
 	}
+	if c.Cache.MaxBytesPerTenant == 0 {
+		c.Cache.MaxBytesPerTenant = DefaultCacheMaxBytesPerTenant
+	}
 	setDuration(&c.Cache.MaxTTL, DefaultCacheMaxTTL)
 	setDuration(&c.Sessions.TTL, DefaultSessionTTL)
 	setString(&c.PassThrough.UnknownRoutes, UnknownNotFound)
@@ -841,6 +863,7 @@ func (c *Config) applyEnv(getenv func(string) string) {
 		{EnvListen, "listen", &c.Listen},
 		{EnvHTTPServer, "http_server", &c.HTTPServer},
 		{EnvStore, "store", &c.Store},
+		{EnvCacheStore, "cache.store", &c.Cache.Store},
 		{EnvStateDir, "state_dir", &c.StateDir},
 		{EnvLogLevel, "log.level", &c.Log.Level},
 	} {

@@ -91,8 +91,8 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string, extra ...strin
 	}
 	row("de-duplication", "%s and Idempotency-Key requests share one upstream call; leader lease %s, idempotent answers kept %s",
 		dd, durationString(c.Dedup.LeaseTTL), durationString(c.Dedup.IdempotencyTTL))
-	row("cache", "tenants opt in (tenants[].cache) or requests ask (x-llmgate-cache-ttl, at most %s); memory store holds at most %s",
-		durationString(c.Cache.MaxTTL), c.Cache.MaxBytes)
+	row("cache", "tenants opt in (tenants[].cache) or requests ask (x-llmgate-cache-ttl, at most %s); %s",
+		durationString(c.Cache.MaxTTL), c.cacheWhere())
 	row("sessions", "requests with the same %s header are served one at a time in arrival order; lease %s", c.Sessions.Header, durationString(c.Sessions.TTL))
 
 	deployments, _ := c.deployments(getenv, false)
@@ -212,6 +212,20 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string, extra ...strin
 	p("\nWarnings (%d):\n", len(warnings))
 	for _, w := range warnings {
 		p("  - %s\n", w)
+	}
+}
+
+// cacheWhere says where the cache keeps answers and how much.
+func (c *Config) cacheWhere() string {
+	perTenant := fmt.Sprintf("at most %s per tenant", c.Cache.MaxBytesPerTenant)
+	switch {
+	case c.CacheSharesStore() && storeurl.IsMemory(c.Store), storeurl.IsMemory(c.Cache.Store):
+		return fmt.Sprintf("in each process%s, at most %s, %s", c.envNote("cache.store"), c.Cache.MaxBytes, perTenant)
+	case c.CacheSharesStore():
+		return fmt.Sprintf("on the store%s, %s, the rest bounded by its maxmemory", c.envNote("cache.store"), perTenant)
+	default:
+		return fmt.Sprintf("on a Redis of its own, %s%s, %s; while it is down answers are not cached, requests are served",
+			storeurl.Redact(c.Cache.Store), c.envNote("cache.store"), perTenant)
 	}
 }
 

@@ -23,7 +23,7 @@ var fullEnv = map[string]string{
 }
 
 // fullSecrets are values that must never be printed.
-var fullSecrets = []string{"sk-secret-a", "sk-secret-b", "sk-secret-backup", "org-secret-id", "acme-secret", "admin-secret", "s3cret", "sk-local-test-key"}
+var fullSecrets = []string{"sk-secret-a", "sk-secret-b", "sk-secret-backup", "org-secret-id", "acme-secret", "admin-secret", "s3cret", "sk-local-test-key", "cache-secret"}
 
 func TestExplainGolden(t *testing.T) {
 	for _, tc := range []struct {

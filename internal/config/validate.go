@@ -114,6 +114,20 @@ func (v *validator) add(path, format string, args ...any) {
 	v.errs = append(v.errs, &FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
+// redisURL checks the store URL at path, which is not memory.
+func (v *validator) redisURL(path, s string) {
+	// The URL may hold a password: only its redacted form is shown.
+	_, err := storeurl.RedisOption(s)
+	switch {
+	case errors.Is(err, storeurl.ErrBadConnections):
+		v.add(path, "%s: %v", quote(storeurl.Redact(s)), storeurl.ErrBadConnections)
+	case errors.Is(err, storeurl.ErrSentinelAuth):
+		v.add(path, "%s: %v", quote(storeurl.Redact(s)), storeurl.ErrSentinelAuth)
+	case err != nil:
+		v.add(path, "%s is neither memory nor a redis URL; write it like redis://[user:password@]host:6379[/db], rediss://... (TLS) or unix:///path/to/redis.sock", quote(storeurl.Redact(s)))
+	}
+}
+
 func (v *validator) top() {
 	c := v.c
 	if host, port, err := net.SplitHostPort(c.Listen); err != nil || strings.ContainsAny(host, " /") {
@@ -144,14 +158,10 @@ func (v *validator) top() {
 			v.add("state_dir", "%s starts with ~, which is not expanded here; write the full path", quote(c.StateDir))
 		}
 	default:
-		// The URL may hold a password: only its redacted form is shown.
-		_, err := storeurl.RedisOption(c.Store)
-		switch {
-		case errors.Is(err, storeurl.ErrBadConnections):
-			v.add("store", "%s: %v", quote(storeurl.Redact(c.Store)), storeurl.ErrBadConnections)
-		case err != nil:
-			v.add("store", "%s is neither memory nor a redis URL; write it like redis://[user:password@]host:6379[/db], rediss://... (TLS) or unix:///path/to/redis.sock", quote(storeurl.Redact(c.Store)))
-		}
+		v.redisURL("store", c.Store)
+	}
+	if s := c.Cache.Store; s != "" && !storeurl.IsMemory(s) {
+		v.redisURL("cache.store", s)
 	}
 	if !reEnvName.MatchString(c.AdminTokenEnv) {
 		v.add("admin_token_env", "%s", notEnvName)
@@ -201,6 +211,9 @@ func (v *validator) top() {
 	}
 	if c.Cache.MaxBytes < 0 {
 		v.add("cache.max_bytes", "must be >= 0")
+	}
+	if c.Cache.MaxBytesPerTenant < 0 {
+		v.add("cache.max_bytes_per_tenant", "must be >= 0 (0: the default, %v)", Size(DefaultCacheMaxBytesPerTenant))
 	}
 	if d := c.Cache.MaxTTL; d < time.Second {
 		v.add("cache.max_ttl", "is %v; must be at least 1s, e.g. 24h", d)
@@ -767,6 +780,9 @@ func (c *Config) Warnings() []string {
 	var w []string
 	if len(c.Tenants) == 0 {
 		w = append(w, fmt.Sprintf("no tenants: anyone who can connect to %s uses the gateway without a key (allowed only on a loopback address)", c.Listen))
+	}
+	if c.CacheSharesStore() && !storeurl.IsMemory(c.Store) && slices.ContainsFunc(c.Tenants, func(t Tenant) bool { return t.Budget != nil }) {
+		w = append(w, "cache: answers are kept on the Redis that holds the budgets (cache.store is empty or the same URL): a cache filling its memory makes that Redis evict keys or refuse writes, budgets and locks included, depending on its maxmemory-policy; give the cache a Redis of its own in cache.store (docs/cache.md)")
 	}
 	for i := range c.Providers {
 		p := &c.Providers[i]

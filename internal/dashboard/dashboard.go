@@ -315,7 +315,9 @@ func (d *Dashboard) fromMetrics() (Snapshot, map[string]*hist) {
 			l := labels(m)
 			switch mf.GetName() {
 			case "llmgate_store_up":
-				s.StoreUp = m.GetGauge().GetValue() == 1
+				if l["store"] != "cache" { // the coordination store; the cache's own is not the page's
+					s.StoreUp = m.GetGauge().GetValue() == 1
+				}
 			case "llmgate_requests_total":
 				v := m.GetCounter().GetValue()
 				s.Requests += v

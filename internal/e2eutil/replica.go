@@ -67,7 +67,9 @@ func Launch(t testing.TB, name string, env []string, args ...string) *Replica {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), replicaLifetime)
 	cmd := exec.CommandContext(ctx, bin, append([]string{"serve"}, args...)...)
-	cmd.Env = append(cleanEnv(), env...)
+	// Each test keeps its own state directory: tests run in parallel,
+	// and two memory stores must not share a budget file.
+	cmd.Env = append(append(cleanEnv(), "XDG_STATE_HOME="+stateHome(t)), env...)
 	r := &Replica{Name: name, Cmd: cmd, Stderr: testutil.NewBuffer(), Stdout: testutil.NewBuffer(), Done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = r.Stdout, r.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -92,6 +94,21 @@ func Launch(t testing.TB, name string, env []string, args ...string) *Replica {
 	})
 	t.Cleanup(func() { r.Stop(t) })
 	return r
+}
+
+// stateHomes holds each running test's state directory, by test.
+var stateHomes sync.Map
+
+// stateHome is t's XDG_STATE_HOME, the same for every replica of t, so
+// that a replica restarted in t finds what it wrote.
+func stateHome(t testing.TB) string {
+	if d, ok := stateHomes.Load(t); ok {
+		return d.(string)
+	}
+	d := t.TempDir()
+	stateHomes.Store(t, d)
+	t.Cleanup(func() { stateHomes.Delete(t) })
+	return d
 }
 
 // cleanEnv is the test's environment without the settings that would

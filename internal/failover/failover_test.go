@@ -256,10 +256,11 @@ func run(t *testing.T, topo topology) {
 	ackMu.Unlock()
 	// The cache: one answer stored before the cut, one after.
 	cache := respcache.NewRedis(open(), "llmgate:cache:"+run+":")
-	cacheTag := func(k string) string { return cache.RedisKey(k) }
+	// Each answer under a tenant of its own: a tenant's keys share a slot.
+	cacheTag := func(tenant string) string { return cache.RedisKey(tenant, "answer") }
 	entry := &respcache.Entry{Status: 200, Body: []byte(`{"object":"chat.completion"}`)}
 	cachedBefore := topo.place(t, "before-", cacheTag)
-	if err := cache.Put(ctx, cachedBefore, entry, time.Hour); err != nil {
+	if err := cache.Put(ctx, cachedBefore, "answer", entry, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	cachedAfter := topo.place(t, "after-", cacheTag)
@@ -306,7 +307,7 @@ func run(t *testing.T, topo topology) {
 		t.Fatal(err)
 	}
 
-	if err := cache.Put(ctx, cachedAfter, entry, time.Hour); err != nil {
+	if err := cache.Put(ctx, cachedAfter, "answer", entry, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	leaderAfter, _, err := dedupA.Join(ctx, flightAfter, "fp", time.Minute)
@@ -381,10 +382,10 @@ func run(t *testing.T, topo topology) {
 	// The cache: the answer stored before the cut is still served; the one
 	// stored after it is a miss (a second upstream call, never a wrong
 	// answer).
-	if _, ok, err := cache.Get(ctx, cachedBefore); err != nil || !ok {
+	if _, ok, err := cache.Get(ctx, cachedBefore, "answer"); err != nil || !ok {
 		t.Errorf("the answer cached before the cut: hit %v, %v; want a hit", ok, err)
 	}
-	if _, ok, err := cache.Get(ctx, cachedAfter); err != nil {
+	if _, ok, err := cache.Get(ctx, cachedAfter, "answer"); err != nil {
 		t.Errorf("Get: %v", err)
 	} else if !ok {
 		t.Logf("LOST: the answer cached while the replicas were cut off is a miss")

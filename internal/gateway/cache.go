@@ -15,15 +15,15 @@ import (
 
 // cacheFill is where and for how long a request's answer is cached.
 type cacheFill struct {
-	key string
-	ttl time.Duration
+	tenant, key string
+	ttl         time.Duration
 }
 
 // cacheFor decides whether c's answer is looked up in and stored to the
 // cache: the tenant opted in (for this model), or the request asked with
 // x-llmgate-cache-ttl; never with x-llmgate-cache: skip.
 func (g *Gateway) cacheFor(r *http.Request, c *call) (*cacheFill, *apiError) {
-	if g.opt.Cache.Store == nil {
+	if g.cache == nil {
 		return nil, nil
 	}
 	switch v := strings.ToLower(strings.TrimSpace(r.Header.Get("X-Llmgate-Cache"))); v {
@@ -55,7 +55,7 @@ func (g *Gateway) cacheFor(r *http.Request, c *call) (*cacheFill, *apiError) {
 	if err != nil {
 		return nil, nil
 	}
-	return &cacheFill{key: key, ttl: ttl}, nil
+	return &cacheFill{tenant: c.tenant.Name, key: key, ttl: ttl}, nil
 }
 
 // parseTTL reads an x-llmgate-cache-ttl: seconds or a Go duration, above
@@ -81,15 +81,16 @@ func parseTTL(v string, limit time.Duration) (time.Duration, error) {
 }
 
 // serveCached answers from the cache; false on a miss (or a store error,
-// which is logged: the request then goes upstream).
+// which is logged and turns the cache off for a while: the request then
+// goes upstream).
 func (g *Gateway) serveCached(ctx context.Context, w http.ResponseWriter, c *call, cf *cacheFill) bool {
 	ctx, end := g.stage(ctx, c, "cache")
 	defer end()
 	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	e, ok, err := g.opt.Cache.Store.Get(gctx, cf.key)
-	if err != nil {
-		g.log.Warn("cache lookup failed; going upstream", "request_id", c.id, "err", err)
+	e, ok, err := g.cache.Get(gctx, cf.tenant, cf.key)
+	if err != nil && !errors.Is(err, respcache.ErrUnavailable) {
+		g.log.Warn("cache lookup failed; going upstream, and the cache is off for a while", "request_id", c.id, "err", err)
 	}
 	if !ok || e == nil {
 		g.metrics.cache.WithLabelValues("miss").Inc()
@@ -137,7 +138,8 @@ func (g *Gateway) fillCache(c *call, cf *cacheFill, rec *recording) {
 		return
 	}
 	g.workers.run(settleTimeout, func(ctx context.Context) {
-		if err := g.opt.Cache.Store.Put(ctx, cf.key, e, cf.ttl); err != nil {
+		err := g.cache.Put(ctx, cf.tenant, cf.key, e, cf.ttl)
+		if err != nil && !errors.Is(err, respcache.ErrUnavailable) && !errors.Is(err, respcache.ErrTooLarge) {
 			g.log.Warn("cache store failed", "request_id", c.id, "err", err)
 		}
 	})

@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"slices"
 	"sync"
 
+	"github.com/llmgate/llmgate/budget"
 	"github.com/llmgate/llmgate/internal/jsonscan"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/tokens"
@@ -11,23 +13,20 @@ import (
 // A request without max_tokens may use up to the model's whole output, so
 // its reservation needs a guess. A fixed guess (Options.CompletionEstimate,
 // 256) held most of a small budget in reservations that settled far lower:
-// requests were refused while the budget had room. completionEstimates
-// guesses from what recent requests of the same tenant and model really
-// used instead.
-const (
-	// estimateWindow is how many recent completions each estimate is
-	// taken over.
-	estimateWindow = 64
-	// estimateMinSamples is how many completions are seen before the
-	// learned estimate replaces the configured one.
-	estimateMinSamples = 8
-)
+// requests were refused while the budget had room. So the guess is learned
+// from what recent requests of the same tenant and model really used: for
+// a tenant with a budget, from the answers of every replica, through the
+// budget store (budget.Manager.Learned: the store learns from each settle
+// and tells each reserve); for the others, and until the store knows, from
+// this replica's own answers (completionEstimates). Both take the same
+// percentile (budget.LearnedEstimate) over the same number of answers.
 
 // completionEstimates holds, per tenant and model, the completion tokens
-// of the last estimateWindow requests that did not set max_tokens. The
-// estimate is the largest of them: an upper bound on every one of them, so
-// a budget is overshot only by a request longer than any recent one. Its
-// keys are configured tenants and routed models, so it stays small.
+// of the last budget.LearnWindow requests that did not set max_tokens, and
+// the budget.LearnPercentile-th percentile of them: a bound of all but the
+// longest answer in fifty, so that one very long answer does not inflate
+// every reservation. Its keys are configured tenants and routed models, so
+// it stays small.
 type completionEstimates struct {
 	mu sync.Mutex // protects m
 	m  map[estimateKey]*completionWindow
@@ -35,11 +34,13 @@ type completionEstimates struct {
 
 type estimateKey struct{ tenant, model string }
 
-// completionWindow is a ring of recent completion sizes.
+// completionWindow is a ring of recent completion sizes, and the same
+// sizes sorted, kept up to date one sample at a time.
 type completionWindow struct {
-	n       int // samples seen, up to estimateWindow
+	n       int // samples seen, up to budget.LearnWindow
 	next    int // where the next sample goes
-	samples [estimateWindow]int64
+	samples [budget.LearnWindow]int64
+	sorted  [budget.LearnWindow]int64 // samples[:n], ascending
 }
 
 // get returns the completion tokens to reserve for one choice of a request
@@ -49,14 +50,11 @@ func (e *completionEstimates) get(tenant, model string, def int64) int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	w := e.m[estimateKey{tenant, model}]
-	if w == nil || w.n < estimateMinSamples {
+	if w == nil || w.n < budget.LearnMinSamples {
 		return def
 	}
-	top := int64(1)
-	for _, s := range w.samples[:w.n] {
-		top = max(top, s)
-	}
-	return top
+	rank := (budget.LearnPercentile*w.n + 99) / 100 // as budget.LearnedEstimate
+	return max(w.sorted[rank-1], 1)
 }
 
 // observe records the completion tokens one choice of a request used.
@@ -72,9 +70,30 @@ func (e *completionEstimates) observe(tenant, model string, tokens int64) {
 		w = &completionWindow{}
 		e.m[k] = w
 	}
+	sorted := w.sorted[:w.n]
+	if w.n == budget.LearnWindow {
+		// The oldest sample leaves.
+		i, _ := slices.BinarySearch(sorted, w.samples[w.next])
+		sorted = slices.Delete(sorted, i, i+1)
+	}
+	i, _ := slices.BinarySearch(sorted, tokens)
+	sorted = slices.Insert(sorted, i, tokens)
+	w.n = len(sorted)
 	w.samples[w.next] = tokens
-	w.next = (w.next + 1) % estimateWindow
-	w.n = min(w.n+1, estimateWindow)
+	w.next = (w.next + 1) % budget.LearnWindow
+}
+
+// completionGuess is the completion tokens reserved for one choice of c,
+// a request that sets no max_tokens: what the budget store learned for c's
+// tenant and model, else what this replica learned, else the configured
+// guess.
+func (g *Gateway) completionGuess(c *call) int64 {
+	if c.tenant.capped() {
+		if n, ok := g.opt.Budgets.Learned(c.tenant.Name, c.priceModel()); ok {
+			return n
+		}
+	}
+	return g.estimates.get(c.tenant.Name, c.req.Model, g.opt.Admission.CompletionEstimate)
 }
 
 // estimate sets the tokens reserved before the call: the prompt as the
@@ -109,20 +128,23 @@ func (g *Gateway) estimateCompletion(c *call) {
 	case req.Endpoint == openai.Completions:
 		per = 16 // the legacy API's default max_tokens
 	default:
-		per = g.estimates.get(c.tenant.Name, req.Model, g.opt.Admission.CompletionEstimate)
+		per = g.completionGuess(c)
 	}
 	c.completionEstimate = per * req.N
 }
 
-// learnCompletion records what a chat completion without max_tokens really used,
-// for the estimates of the next ones. Only whole answers count: a cut
-// stream says nothing about how long answers are.
-func (g *Gateway) learnCompletion(c *call, usage *openai.Usage) {
+// learnCompletion records what a chat completion without max_tokens really
+// used, for the estimates of the next ones, and returns it per choice (0
+// when it teaches nothing), for the budget store to learn from. Only whole
+// answers count: a cut stream says nothing about how long answers are.
+func (g *Gateway) learnCompletion(c *call, usage *openai.Usage) int64 {
 	req := c.req
 	if usage == nil || req.MaxTokens > 0 || (req.Endpoint != openai.ChatCompletions && req.Endpoint != openai.Responses) || c.outcome != "ok" {
-		return
+		return 0
 	}
-	g.estimates.observe(c.tenant.Name, req.Model, (usage.CompletionTokens+req.N-1)/req.N)
+	per := (usage.CompletionTokens + req.N - 1) / req.N
+	g.estimates.observe(c.tenant.Name, req.Model, per)
+	return per
 }
 
 // responsesPrompt estimates a Responses request's input: its instructions

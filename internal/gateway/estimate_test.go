@@ -1,46 +1,57 @@
 package gateway
 
 import (
+	"cmp"
 	"encoding/json"
 	"io"
+	"math/rand/v2"
 	"testing"
+
+	"github.com/llmgate/llmgate/budget"
 )
 
+// TestCompletionEstimates: after every answer, the estimate kept one
+// sample at a time is budget.LearnedEstimate of the answers so far (the
+// same percentile as the budget store's), the default until enough are
+// known, and one very long answer does not move it.
 func TestCompletionEstimates(t *testing.T) {
 	var e completionEstimates
 	if got := e.get("a", "m", 256); got != 256 {
 		t.Fatalf("no samples: %d, want the default", got)
 	}
-	for i := range estimateMinSamples - 1 {
-		e.observe("a", "m", int64(10+i))
-	}
-	if got := e.get("a", "m", 256); got != 256 {
-		t.Fatalf("%d samples: %d, want the default", estimateMinSamples-1, got)
-	}
-	e.observe("a", "m", 40)
-	if got := e.get("a", "m", 256); got != 40 {
-		t.Fatalf("estimate %d, want the largest sample 40", got)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	var all []int64
+	for i := range 3 * budget.LearnWindow {
+		v := 1 + rnd.Int64N(50)
+		if i == budget.LearnWindow {
+			v = 5000
+		}
+		e.observe("a", "m", v)
+		all = append(all, v)
+		learned := budget.LearnedEstimate(all)
+		if got, want := e.get("a", "m", 256), cmp.Or(learned, 256); got != want {
+			t.Fatalf("after %d answers: estimate %d, want %d", len(all), got, want)
+		}
+		if learned > 50 {
+			t.Fatalf("after %d answers: estimate %d follows the one long answer", len(all), learned)
+		}
 	}
 	if got := e.get("b", "m", 256); got != 256 {
 		t.Fatalf("another tenant: %d, want the default", got)
 	}
-	// The largest sample leaves the window after estimateWindow others.
-	for range estimateWindow {
-		e.observe("a", "m", 5)
-	}
-	if got := e.get("a", "m", 256); got != 5 {
-		t.Fatalf("estimate %d after the window moved on, want 5", got)
-	}
 }
 
 // TestCompletionEstimateLearned: requests without max_tokens through the
-// gateway teach it what their completions use; requests with max_tokens
-// do not.
+// gateway teach it what their completions use, and, for a tenant with a
+// budget, teach the budget store, where a replica that served none of
+// them finds it; requests with max_tokens do not.
 func TestCompletionEstimateLearned(t *testing.T) {
-	h := newHarness(t, harnessConfig{})
+	h := newHarness(t, harnessConfig{edit: func(_ *Options, h *harness) {
+		h.teamA.Budget = &budget.Budget{Tenant: "team-a", Period: budget.Month, Tokens: 1_000_000}
+	}})
 	body := `{"model":"gpt-4.1","messages":[{"role":"user","content":"Tell me about token buckets."}]}`
 	var largest int64
-	for range estimateMinSamples {
+	for range budget.LearnMinSamples {
 		resp := h.post("/v1/chat/completions", tenantKey, body)
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -62,5 +73,15 @@ func TestCompletionEstimateLearned(t *testing.T) {
 	}
 	if got := h.gw.estimates.get("team-a", "gpt-4.1-mini", DefaultCompletionEstimate); got != DefaultCompletionEstimate {
 		t.Fatalf("a model never used: %d", got)
+	}
+	cold, err := budget.New(h.budgets.Backend(), budget.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cold.Reserve(t.Context(), *h.teamA.Budget, "", "gpt-4.1", budget.Usage{PromptTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := cold.Learned("team-a", "gpt-4.1"); !ok || got != largest {
+		t.Fatalf("another replica finds %d, %v in the budget store; want the largest completion %d", got, ok, largest)
 	}
 }

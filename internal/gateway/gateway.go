@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmgate/llmgate/internal/redact"
+	"github.com/llmgate/llmgate/internal/respcache"
 )
 
 // Gateway serves the OpenAI-compatible API. Create it with New.
@@ -44,6 +45,8 @@ type Gateway struct {
 	usage usageBatch
 	// tenants are the tenants in force (SetTenants).
 	tenants atomic.Pointer[tenantIndex]
+	// cache is Options.Cache.Store behind a breaker: nil without a cache.
+	cache *respcache.Breaker
 	// lastWindow caches a budget window (see window).
 	lastWindow atomic.Pointer[lastWindow]
 	// draining is set by Drain: /readyz then fails.
@@ -86,6 +89,9 @@ func New(opt Options) (*Gateway, error) {
 		byTarget: make(map[string][]*deployment),
 		byName:   make(map[string]*deployment),
 	}
+	if opt.Cache.Store != nil {
+		g.cache = respcache.NewBreaker(opt.Cache.Store, opt.Cache.CoolOff, nil)
+	}
 	g.base, g.cut = context.WithCancelCause(context.Background())
 	g.SetTenants(opt.Tenants)
 	m, err := newMetrics(reg)
@@ -102,7 +108,7 @@ func New(opt Options) (*Gateway, error) {
 	if err := reg.Register(newAdmissionCollector(opt.Limiter)); err != nil {
 		return nil, err
 	}
-	if err := reg.Register(newStoreCollector(opt.Ready, opt.Limiter, opt.Budgets)); err != nil {
+	if err := reg.Register(newStoreCollector(opt, g.cache)); err != nil {
 		return nil, err
 	}
 	g.usage.g = g

@@ -28,5 +28,11 @@ func (g *Gateway) serveReady(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	// A cache turned off by its store's failures is reported, never waited
+	// for: without it the gateway serves every request, uncached.
+	if g.cache != nil && g.cache.Off() {
+		_, _ = w.Write([]byte("{\"status\":\"ready\",\"cache\":\"off\"}\n"))
+		return
+	}
 	_, _ = w.Write([]byte("{\"status\":\"ready\"}\n"))
 }

@@ -104,24 +104,24 @@ func TestStoreHealthMetrics(t *testing.T) {
 		}
 	}
 	ask()
-	if up, open := metricValue(t, h, "llmgate_store_up"), metricValue(t, h, `llmgate_fail_open_total{check="ratelimit"}`); up != 1 || open != 0 {
+	if up, open := metricValue(t, h, `llmgate_store_up{store="coordination"}`), metricValue(t, h, `llmgate_fail_open_total{check="ratelimit"}`); up != 1 || open != 0 {
 		t.Fatalf("store up: llmgate_store_up %v, fail_open %v; want 1, 0", up, open)
 	}
 
 	rds.Stop()
 	ask() // rate limits fail open by default
-	if up := metricValue(t, h, "llmgate_store_up"); up != 0 {
+	if up := metricValue(t, h, `llmgate_store_up{store="coordination"}`); up != 0 {
 		t.Errorf("store down: llmgate_store_up %v, want 0", up)
 	}
 	if open := metricValue(t, h, `llmgate_fail_open_total{check="ratelimit"}`); open < 1 {
 		t.Errorf("store down: llmgate_fail_open_total{check=\"ratelimit\"} %v, want >= 1", open)
 	}
-	if errs := metricValue(t, h, `llmgate_store_errors_total{component="ratelimit"}`); errs < 1 {
+	if errs := metricValue(t, h, `llmgate_store_errors_total{component="ratelimit",store="coordination"}`); errs < 1 {
 		t.Errorf("store down: llmgate_store_errors_total{component=\"ratelimit\"} %v, want >= 1", errs)
 	}
 
 	if err := rds.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return metricValue(t, h, "llmgate_store_up") == 1 })
+	waitFor(t, func() bool { return metricValue(t, h, `llmgate_store_up{store="coordination"}`) == 1 })
 }

@@ -276,8 +276,18 @@ type DedupOptions struct {
 // CacheOptions configure the response cache (tenants opt in, see
 // TenantCache).
 type CacheOptions struct {
-	// Store keeps completed answers; nil disables caching.
+	// Store keeps completed answers; nil disables caching. While it
+	// fails, the cache is off (lookups are misses) for CoolOff at a time:
+	// it never fails a request.
 	Store respcache.Store
+	// Ping reports whether Store's own Redis answers, when the cache has
+	// one apart from the coordination store: /readyz and /metrics report
+	// it (label store="cache"). Nil when the cache shares the coordination
+	// store or lives in this process.
+	Ping func(ctx context.Context) error
+	// CoolOff is how long the cache stays off after its store failed.
+	// Default respcache.DefaultCoolOff.
+	CoolOff time.Duration
 	// MaxTTL caps x-llmgate-cache-ttl. Default DefaultCacheMaxTTL.
 	MaxTTL time.Duration
 	// Length also caches answers cut by finish_reason "length".

@@ -19,14 +19,15 @@ import (
 func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *openai.Usage) {
 	_, end := g.stage(c.access.tctx, c, "settle")
 	defer end()
+	var answer int64 // an unbounded answer's size, which the budget store learns from
 	if usage != nil {
 		if c.access.usage == nil {
 			g.used(c, adm.dep.Model, usage)
 		}
 		g.metrics.tokensUsed(c.tenant.Name, adm.dep.Model, adm.dep.Name, usage.PromptTokens, usage.CompletionTokens)
-		g.learnCompletion(c, usage)
+		answer = g.learnCompletion(c, usage)
 	}
-	g.charge(c, adm, res, usage)
+	g.charge(c, adm, res, usage, answer)
 }
 
 // finishUnanswered records a request the provider has, whose answer its
@@ -34,11 +35,12 @@ func (g *Gateway) finish(c *call, adm admitted, res budget.Reservation, usage *o
 // nothing of what it used: the provider may still do the work and bill it,
 // so the request is charged its estimate, the most it may cost.
 func (g *Gateway) finishUnanswered(c *call, adm admitted, res budget.Reservation) {
-	g.charge(c, adm, res, &openai.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.completionEstimate})
+	g.charge(c, adm, res, &openai.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.completionEstimate}, 0)
 }
 
-// charge settles the limits and the budget with usage (nil: nothing used).
-func (g *Gateway) charge(c *call, adm admitted, res budget.Reservation, usage *openai.Usage) {
+// charge settles the limits and the budget with usage (nil: nothing used);
+// answer, when positive, is what the budget store learns estimates from.
+func (g *Gateway) charge(c *call, adm admitted, res budget.Reservation, usage *openai.Usage, answer int64) {
 	limitsDone := g.settleLimitsNow(c, adm, usage)
 	switch {
 	case limitsDone && usage == nil && res.Hold == (budget.Amount{}):
@@ -47,14 +49,14 @@ func (g *Gateway) charge(c *call, adm admitted, res budget.Reservation, usage *o
 		g.usage.add(res, g.usageRecord(adm, usage))
 		return
 	}
-	g.finishInBackground(c, adm, res, usage, !limitsDone)
+	g.finishInBackground(c, adm, res, usage, answer, !limitsDone)
 }
 
 // finishInBackground is finish's work on a background worker (the limits
 // too when settleLimits is set). A function of its own: the values its
 // closure captures would otherwise be moved to the heap on every call of
 // finish, when most return before it.
-func (g *Gateway) finishInBackground(c *call, adm admitted, res budget.Reservation, usage *openai.Usage, settleLimits bool) {
+func (g *Gateway) finishInBackground(c *call, adm admitted, res budget.Reservation, usage *openai.Usage, answer int64, settleLimits bool) {
 	g.workers.run(settleTimeout, func(ctx context.Context) {
 		if settleLimits {
 			g.settleLimits(ctx, c, adm, usage)
@@ -72,6 +74,7 @@ func (g *Gateway) finishInBackground(c *call, adm admitted, res budget.Reservati
 			g.usage.add(res, rec) // nothing to enforce: recorded with others
 			return
 		}
+		rec.LearnCompletion = answer
 		s, err := g.settleBudget(ctx, res, rec)
 		if err != nil {
 			g.metrics.settleErrors.Inc()

@@ -3,6 +3,7 @@ package respcache_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
 	"testing"
@@ -14,17 +15,31 @@ import (
 // harness is one backend under the conformance suite.
 type harness struct {
 	store respcache.Store
+	// tenant is the tenant the suite stores under ("t" when empty); each
+	// harness on a shared Redis gets its own.
+	tenant string
 	// advance makes d pass for the store's TTLs.
 	advance func(t *testing.T, d time.Duration)
 }
 
 // conformanceMaxEntry is the entry bound every backend under the suite is
-// built with (for Memory: a maxBytes of 8 times this).
-const conformanceMaxEntry = 64 << 10
+// built with; each is given a tenant bound of conformanceTenantBytes (8
+// times it), and Memory a maxBytes of 4 times that.
+const (
+	conformanceMaxEntry    = 64 << 10
+	conformanceTenantBytes = 8 * conformanceMaxEntry
+)
 
 // runConformance runs the behaviour every Store must share against fresh
 // backends made by newHarness.
-func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
+func runConformance(t *testing.T, makeHarness func(t *testing.T) harness) {
+	newHarness := func(t *testing.T) harness {
+		h := makeHarness(t)
+		if h.tenant == "" {
+			h.tenant = "t"
+		}
+		return h
+	}
 	created := time.Date(2026, 11, 29, 13, 4, 5, 123456789, time.UTC)
 	jsonEntry := func() *respcache.Entry {
 		return &respcache.Entry{
@@ -60,7 +75,7 @@ func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
 
 	t.Run("MissOnAbsentKey", func(t *testing.T) {
 		h := newHarness(t)
-		e, ok, err := h.store.Get(t.Context(), "absent")
+		e, ok, err := h.store.Get(t.Context(), h.tenant, "absent")
 		if e != nil || ok || err != nil {
 			t.Fatalf("Get = %v, %v, %v; want a miss", e, ok, err)
 		}
@@ -81,10 +96,10 @@ func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
 		} {
 			t.Run(name, func(t *testing.T) {
 				h := newHarness(t)
-				if err := h.store.Put(t.Context(), "k", e, time.Hour); err != nil {
+				if err := h.store.Put(t.Context(), h.tenant, "k", e, time.Hour); err != nil {
 					t.Fatalf("Put: %v", err)
 				}
-				got, ok, err := h.store.Get(t.Context(), "k")
+				got, ok, err := h.store.Get(t.Context(), h.tenant, "k")
 				if err != nil || !ok {
 					t.Fatalf("Get = %v, %v; want a hit", ok, err)
 				}
@@ -95,13 +110,13 @@ func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
 
 	t.Run("Overwrite", func(t *testing.T) {
 		h := newHarness(t)
-		if err := h.store.Put(t.Context(), "k", jsonEntry(), time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "k", jsonEntry(), time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.store.Put(t.Context(), "k", streamEntry(), time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "k", streamEntry(), time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		got, ok, err := h.store.Get(t.Context(), "k")
+		got, ok, err := h.store.Get(t.Context(), h.tenant, "k")
 		if err != nil || !ok {
 			t.Fatalf("Get = %v, %v", ok, err)
 		}
@@ -111,14 +126,14 @@ func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
 	t.Run("KeysAreIndependent", func(t *testing.T) {
 		h := newHarness(t)
 		a, b := jsonEntry(), streamEntry()
-		if err := h.store.Put(t.Context(), "a", a, time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "a", a, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.store.Put(t.Context(), "b", b, time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "b", b, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		for k, want := range map[string]*respcache.Entry{"a": a, "b": b} {
-			got, ok, err := h.store.Get(t.Context(), k)
+			got, ok, err := h.store.Get(t.Context(), h.tenant, k)
 			if err != nil || !ok {
 				t.Fatalf("Get(%s) = %v, %v", k, ok, err)
 			}
@@ -128,15 +143,15 @@ func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
 
 	t.Run("CallerOwnsGetResult", func(t *testing.T) {
 		h := newHarness(t)
-		if err := h.store.Put(t.Context(), "j", jsonEntry(), time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "j", jsonEntry(), time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.store.Put(t.Context(), "s", streamEntry(), time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "s", streamEntry(), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		for range 2 {
-			j, _, _ := h.store.Get(t.Context(), "j")
-			s, _, _ := h.store.Get(t.Context(), "s")
+			j, _, _ := h.store.Get(t.Context(), h.tenant, "j")
+			s, _, _ := h.store.Get(t.Context(), h.tenant, "s")
 			if j == nil || s == nil {
 				t.Fatal("miss")
 			}
@@ -149,8 +164,8 @@ func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
 			_ = append(s.Events[0][:1], 'Y')
 			j.Status, s.Created = 500, time.Time{}
 		}
-		j, _, _ := h.store.Get(t.Context(), "j")
-		s, _, _ := h.store.Get(t.Context(), "s")
+		j, _, _ := h.store.Get(t.Context(), h.tenant, "j")
+		s, _, _ := h.store.Get(t.Context(), h.tenant, "s")
 		assertEntry(t, j, jsonEntry())
 		assertEntry(t, s, streamEntry())
 	})
@@ -158,46 +173,46 @@ func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
 	t.Run("PutCopies", func(t *testing.T) {
 		h := newHarness(t)
 		j, s := jsonEntry(), streamEntry()
-		if err := h.store.Put(t.Context(), "j", j, time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "j", j, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.store.Put(t.Context(), "s", s, time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "s", s, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		j.Body[0], s.Events[0][0] = 'X', 'X'
 		j.Header.Set("Content-Type", "text/plain")
 		s.Events[1] = nil
-		got, _, _ := h.store.Get(t.Context(), "j")
+		got, _, _ := h.store.Get(t.Context(), h.tenant, "j")
 		assertEntry(t, got, jsonEntry())
-		got, _, _ = h.store.Get(t.Context(), "s")
+		got, _, _ = h.store.Get(t.Context(), h.tenant, "s")
 		assertEntry(t, got, streamEntry())
 	})
 
 	t.Run("TTL", func(t *testing.T) {
 		h := newHarness(t)
-		if err := h.store.Put(t.Context(), "short", jsonEntry(), 10*time.Second); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "short", jsonEntry(), 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if err := h.store.Put(t.Context(), "long", streamEntry(), time.Minute); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "long", streamEntry(), time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		h.advance(t, 5*time.Second)
-		if _, ok, err := h.store.Get(t.Context(), "short"); !ok || err != nil {
+		if _, ok, err := h.store.Get(t.Context(), h.tenant, "short"); !ok || err != nil {
 			t.Fatalf("after 5s of a 10s TTL: Get = %v, %v; want a hit", ok, err)
 		}
 		h.advance(t, 6*time.Second)
-		if e, ok, err := h.store.Get(t.Context(), "short"); ok || e != nil || err != nil {
+		if e, ok, err := h.store.Get(t.Context(), h.tenant, "short"); ok || e != nil || err != nil {
 			t.Fatalf("after 11s of a 10s TTL: Get = %v, %v, %v; want a miss", e, ok, err)
 		}
-		if _, ok, err := h.store.Get(t.Context(), "long"); !ok || err != nil {
+		if _, ok, err := h.store.Get(t.Context(), h.tenant, "long"); !ok || err != nil {
 			t.Fatalf("after 11s of a 1m TTL: Get = %v, %v; want a hit", ok, err)
 		}
 		// A Put restarts the TTL.
-		if err := h.store.Put(t.Context(), "long", streamEntry(), 20*time.Second); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "long", streamEntry(), 20*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		h.advance(t, 50*time.Second) // past the first TTL
-		if _, ok, err := h.store.Get(t.Context(), "long"); ok || err != nil {
+		if _, ok, err := h.store.Get(t.Context(), h.tenant, "long"); ok || err != nil {
 			t.Fatalf("after 50s of a 20s TTL: Get = %v, %v; want a miss", ok, err)
 		}
 	})
@@ -218,10 +233,10 @@ func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
 			{"zero ttl", jsonEntry(), 0, respcache.ErrInvalidTTL},
 			{"negative ttl", jsonEntry(), -time.Second, respcache.ErrInvalidTTL},
 		} {
-			if err := h.store.Put(t.Context(), "k", tc.e, tc.ttl); !errors.Is(err, tc.want) {
+			if err := h.store.Put(t.Context(), h.tenant, "k", tc.e, tc.ttl); !errors.Is(err, tc.want) {
 				t.Errorf("%s: Put = %v, want %v", tc.name, err, tc.want)
 			}
-			if _, ok, _ := h.store.Get(t.Context(), "k"); ok {
+			if _, ok, _ := h.store.Get(t.Context(), h.tenant, "k"); ok {
 				t.Fatalf("%s: stored", tc.name)
 			}
 		}
@@ -230,33 +245,92 @@ func runConformance(t *testing.T, newHarness func(t *testing.T) harness) {
 	t.Run("TooLarge", func(t *testing.T) {
 		h := newHarness(t)
 		small := jsonEntry()
-		if err := h.store.Put(t.Context(), "k", small, time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "k", small, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		big := &respcache.Entry{Status: 200, Body: bytes.Repeat([]byte("x"), conformanceMaxEntry+1)}
-		if err := h.store.Put(t.Context(), "k", big, time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
+		if err := h.store.Put(t.Context(), h.tenant, "k", big, time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
 			t.Fatalf("Put(%d bytes) = %v, want ErrTooLarge", len(big.Body), err)
 		}
 		manyEvents := &respcache.Entry{Status: 200, Events: make([][]byte, 0, 1024)}
 		for range 1024 {
 			manyEvents.Events = append(manyEvents.Events, bytes.Repeat([]byte("e"), conformanceMaxEntry/1024+1))
 		}
-		if err := h.store.Put(t.Context(), "k", manyEvents, time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
+		if err := h.store.Put(t.Context(), h.tenant, "k", manyEvents, time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
 			t.Fatalf("Put(a long stream) = %v, want ErrTooLarge", err)
 		}
 		// A refused Put leaves the previous entry in place.
-		got, ok, err := h.store.Get(t.Context(), "k")
+		got, ok, err := h.store.Get(t.Context(), h.tenant, "k")
 		if err != nil || !ok {
 			t.Fatalf("Get = %v, %v; want the earlier entry", ok, err)
 		}
 		assertEntry(t, got, small)
-		if _, ok, _ := h.store.Get(t.Context(), "absent"); ok {
+		if _, ok, _ := h.store.Get(t.Context(), h.tenant, "absent"); ok {
 			t.Fatal("hit on an absent key")
 		}
 		// Half the bound fits.
 		half := &respcache.Entry{Status: 200, Body: bytes.Repeat([]byte("x"), conformanceMaxEntry/2)}
-		if err := h.store.Put(t.Context(), "half", half, time.Hour); err != nil {
+		if err := h.store.Put(t.Context(), h.tenant, "half", half, time.Hour); err != nil {
 			t.Fatalf("Put(half the bound) = %v", err)
+		}
+	})
+
+	t.Run("TenantsAreApart", func(t *testing.T) {
+		h := newHarness(t)
+		other := h.tenant + "-2"
+		if err := h.store.Put(t.Context(), h.tenant, "k", jsonEntry(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if e, ok, err := h.store.Get(t.Context(), other, "k"); ok || e != nil || err != nil {
+			t.Fatalf("another tenant's Get = %v, %v, %v; want a miss", e, ok, err)
+		}
+		if err := h.store.Put(t.Context(), other, "k", streamEntry(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		for tenant, want := range map[string]*respcache.Entry{h.tenant: jsonEntry(), other: streamEntry()} {
+			got, ok, err := h.store.Get(t.Context(), tenant, "k")
+			if err != nil || !ok {
+				t.Fatalf("Get(%s) = %v, %v", tenant, ok, err)
+			}
+			assertEntry(t, got, want)
+		}
+	})
+
+	// TenantBound: a tenant that stores more than its bound loses its
+	// oldest entries (none was read: least recently used and closest to
+	// expiry are the same), and nobody else's.
+	t.Run("TenantBound", func(t *testing.T) {
+		h := newHarness(t)
+		other := h.tenant + "-2"
+		if err := h.store.Put(t.Context(), other, "keep", jsonEntry(), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		// 60 KiB each, with the key and framing: 8 fit in the bound, 9 do not.
+		e := &respcache.Entry{Status: 200, Body: bytes.Repeat([]byte("x"), conformanceTenantBytes/8*15/16)}
+		const n, fit = 20, 8
+		for i := range n {
+			if err := h.store.Put(t.Context(), h.tenant, fmt.Sprintf("k%02d", i), e, time.Hour); err != nil {
+				t.Fatalf("Put(k%02d): %v", i, err)
+			}
+		}
+		for i := range n {
+			_, ok, err := h.store.Get(t.Context(), h.tenant, fmt.Sprintf("k%02d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := i >= n-fit; ok != want {
+				t.Errorf("after %d puts of 60 KiB under a 512 KiB bound: k%02d kept %v, want %v", n, i, ok, want)
+			}
+		}
+		got, ok, err := h.store.Get(t.Context(), other, "keep")
+		if err != nil || !ok {
+			t.Fatalf("the other tenant's entry: Get = %v, %v; want a hit", ok, err)
+		}
+		assertEntry(t, got, jsonEntry())
+		// Over an eighth of the tenant bound is too large.
+		big := &respcache.Entry{Status: 200, Body: bytes.Repeat([]byte("x"), conformanceTenantBytes/8)}
+		if err := h.store.Put(t.Context(), h.tenant, "big", big, time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
+			t.Fatalf("Put(an eighth of the tenant bound and a key) = %v, want ErrTooLarge", err)
 		}
 	})
 }

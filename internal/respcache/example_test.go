@@ -35,7 +35,7 @@ func Example() {
 	if err != nil {
 		return // not cacheable: forward uncached
 	}
-	if _, ok, _ := store.Get(ctx, key); !ok {
+	if _, ok, _ := store.Get(ctx, "acme", key); !ok {
 		answer := &respcache.Entry{
 			Status:  http.StatusOK,
 			Header:  http.Header{"Content-Type": {"application/json"}},
@@ -43,10 +43,10 @@ func Example() {
 			Created: time.Now(),
 		}
 		if respcache.Cacheable(answer, false) {
-			_ = store.Put(ctx, key, answer, 10*time.Minute)
+			_ = store.Put(ctx, "acme", key, answer, 10*time.Minute)
 		}
 	}
-	e, ok, _ := store.Get(ctx, key)
+	e, ok, _ := store.Get(ctx, "acme", key)
 	fmt.Println(ok, e.Status)
 	// Output: true 200
 }

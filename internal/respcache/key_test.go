@@ -2,6 +2,7 @@ package respcache_test
 
 import (
 	"encoding/hex"
+	"strings"
 	"testing"
 
 	"github.com/llmgate/llmgate/internal/respcache"
@@ -80,4 +81,48 @@ func TestKeyStable(t *testing.T) {
 	if got := mustKey(t, "acme", "gpt-4o", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`, false); got != want {
 		t.Fatalf("Key = %s, want %s", got, want)
 	}
+}
+
+func TestTenantTag(t *testing.T) {
+	for in, want := range map[string]string{
+		"team-a":                "team-a",
+		"a.b_c@d-e":             "a.b_c@d-e",
+		"x{y}":                  "#",
+		"":                      "#",
+		"has space":             "#",
+		"é":                     "#",
+		"#0123":                 "#",
+		strings.Repeat("a", 64): strings.Repeat("a", 64),
+		strings.Repeat("a", 65): "#",
+	} {
+		got := respcache.TenantTag(in)
+		if want == "#" {
+			if len(got) != 65 || got[0] != '#' {
+				t.Errorf("TenantTag(%q) = %q, want # and 64 hex digits", in, got)
+			}
+			continue
+		}
+		if got != want {
+			t.Errorf("TenantTag(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// FuzzTenantTag: a tag is never empty, never holds a brace (which would
+// end the Cluster hash tag early) and two tenants never share one.
+func FuzzTenantTag(f *testing.F) {
+	for _, s := range [][2]string{{"team-a", "team-b"}, {"", "#"}, {"{", "}"}, {"a", "#" + strings.Repeat("0", 64)}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
+		ta, tb := respcache.TenantTag(a), respcache.TenantTag(b)
+		for _, tag := range []string{ta, tb} {
+			if tag == "" || strings.ContainsAny(tag, "{}") || len(tag) > 65 {
+				t.Fatalf("TenantTag gives %q", tag)
+			}
+		}
+		if a != b && ta == tb {
+			t.Fatalf("TenantTag(%q) = TenantTag(%q) = %q", a, b, ta)
+		}
+	})
 }

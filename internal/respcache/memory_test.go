@@ -18,7 +18,7 @@ func TestMemoryConformance(t *testing.T) {
 	runConformance(t, func(t *testing.T) harness {
 		clk := clock.NewFake(epoch)
 		return harness{
-			store:   respcache.NewMemory(8*conformanceMaxEntry, clk),
+			store:   respcache.NewMemory(4*conformanceTenantBytes, clk, respcache.WithTenantBytes(conformanceTenantBytes)),
 			advance: func(_ *testing.T, d time.Duration) { clk.Advance(d) },
 		}
 	})
@@ -31,14 +31,14 @@ func sized(n int) *respcache.Entry {
 
 func put(t *testing.T, m *respcache.Memory, key string, e *respcache.Entry, ttl time.Duration) {
 	t.Helper()
-	if err := m.Put(t.Context(), key, e, ttl); err != nil {
+	if err := m.Put(t.Context(), "t", key, e, ttl); err != nil {
 		t.Fatalf("Put(%s): %v", key, err)
 	}
 }
 
 func has(t *testing.T, m *respcache.Memory, key string) bool {
 	t.Helper()
-	_, ok, err := m.Get(t.Context(), key)
+	_, ok, err := m.Get(t.Context(), "t", key)
 	if err != nil {
 		t.Fatalf("Get(%s): %v", key, err)
 	}
@@ -125,11 +125,11 @@ func TestMemoryLRUEviction(t *testing.T) {
 func TestMemoryTooLarge(t *testing.T) {
 	m := respcache.NewMemory(800, clock.NewFake(epoch))
 	put(t, m, "k", sized(100), time.Hour) // exactly maxBytes/8
-	if err := m.Put(t.Context(), "k", sized(101), time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
+	if err := m.Put(t.Context(), "t", "k", sized(101), time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
 		t.Fatalf("Put(101 bytes) = %v, want ErrTooLarge", err)
 	}
 	// The key counts: 99 bytes of entry under a 2-byte key is 101.
-	if err := m.Put(t.Context(), "kk", sized(100), time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
+	if err := m.Put(t.Context(), "t", "kk", sized(100), time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
 		t.Fatalf("Put(100 bytes + 2-byte key) = %v, want ErrTooLarge", err)
 	}
 	if m.Bytes() != 100 || !has(t, m, "k") {
@@ -138,7 +138,7 @@ func TestMemoryTooLarge(t *testing.T) {
 
 	for _, n := range []int64{0, -1, 7} {
 		m := respcache.NewMemory(n, nil)
-		if err := m.Put(t.Context(), "k", sized(1), time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
+		if err := m.Put(t.Context(), "t", "k", sized(1), time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
 			t.Fatalf("NewMemory(%d).Put = %v, want ErrTooLarge", n, err)
 		}
 	}
@@ -174,5 +174,55 @@ func TestMemoryPutReclaimsExpired(t *testing.T) {
 	want := respcache.Size("live", sized(100)) + respcache.Size("new", sized(100))
 	if m.Len() != 2 || m.Bytes() != want {
 		t.Fatalf("Len = %d, Bytes = %d; want 2, %d", m.Len(), m.Bytes(), want)
+	}
+}
+
+// TestMemoryTenantBound: a tenant over its bound loses its own least
+// recently used entries; the store over its bound loses the least recently
+// used of anyone's.
+func TestMemoryTenantBound(t *testing.T) {
+	m := respcache.NewMemory(1000, clock.NewFake(epoch), respcache.WithTenantBytes(400)) // entries up to 50
+	putAs := func(tenant string, i int) {
+		t.Helper()
+		if err := m.Put(t.Context(), tenant, fmt.Sprint(i), sized(50), time.Hour); err != nil { // 50 with its one-byte key
+			t.Fatal(err)
+		}
+	}
+	hasAs := func(tenant string, i int) bool {
+		t.Helper()
+		_, ok, err := m.Get(t.Context(), tenant, fmt.Sprint(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	for i := range 8 {
+		putAs("a", i)
+	}
+	if !hasAs("a", 0) { // 0 is now a's most recent
+		t.Fatal("a/0 missing")
+	}
+	putAs("a", 8)
+	if hasAs("a", 1) || !hasAs("a", 0) || !hasAs("a", 8) || m.TenantBytes("a") != 400 {
+		t.Fatalf("a over its bound: want a/1 dropped, a/0 and a/8 kept, 400 bytes (has %d)", m.TenantBytes("a"))
+	}
+	for i := range 8 {
+		putAs("b", i)
+	}
+	if m.TenantBytes("a") != 400 || m.TenantBytes("b") != 400 {
+		t.Fatalf("b's entries dropped a's: a %d, b %d bytes", m.TenantBytes("a"), m.TenantBytes("b"))
+	}
+	// The store is at 800 of 1000: c's fifth entry takes it over, and the
+	// least recently used of all goes: a/2 (a/0 and a/8 were read since).
+	for i := range 5 {
+		putAs("c", i)
+	}
+	if m.Bytes() != 1000 || hasAs("a", 2) || !hasAs("a", 3) || m.TenantBytes("c") != 250 {
+		t.Fatalf("store over its bound: %d bytes, a/2 kept %v, c %d bytes", m.Bytes(), hasAs("a", 2), m.TenantBytes("c"))
+	}
+	// An entry over an eighth of the tenant bound is too large, though it
+	// would fit the store's.
+	if err := m.Put(t.Context(), "d", "k", sized(51), time.Hour); !errors.Is(err, respcache.ErrTooLarge) {
+		t.Fatalf("Put(51 bytes under a 400-byte tenant bound) = %v, want ErrTooLarge", err)
 	}
 }

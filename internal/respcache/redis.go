@@ -2,8 +2,10 @@ package respcache
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -17,60 +19,57 @@ const (
 	DefaultMaxEntryBytes = 8 << 20
 )
 
-// Redis is a Store on Redis standalone, Sentinel or Cluster: one string key
-// per entry (prefix + cache key) holding its versioned, checksummed binary
-// form, with the TTL set by SET ... PX, so expiry is the server's job. A
-// value that does not decode (corrupt, foreign, or from a future version)
-// is logged and reported as a miss; the next Put overwrites it.
+//go:embed put.lua
+var putSrc string
+
+var putScript = rueidis.NewLuaScript(putSrc)
+
+// Redis is a Store on Redis standalone, Sentinel or Cluster. A tenant's
+// keys share a hash tag, so that put.lua can bound the tenant's bytes
+// atomically on a Cluster too:
+//
+//	<prefix>{<tag>}:e:<key>  string with the entry's TTL: its versioned, checksummed binary form
+//	<prefix>{<tag>}:i        zset: key -> expiry (µs, server time)
+//	<prefix>{<tag>}:s        hash: "k"<key> -> bytes counted, "n" -> the tenant's total
+//
+// where <tag> is TenantTag(tenant). Get is one GET. A value that does not
+// decode (corrupt, foreign, or from a future version) is logged and
+// reported as a miss; the next Put overwrites it.
 type Redis struct {
-	c        rueidis.Client
-	prefix   string
-	maxEntry int
-	log      *slog.Logger
-}
-
-// RedisOption configures a Redis store.
-type RedisOption func(*Redis)
-
-// WithLogger sets where values that cannot be decoded are reported. The
-// default discards them.
-func WithLogger(l *slog.Logger) RedisOption {
-	return func(r *Redis) {
-		if l != nil {
-			r.log = l
-		}
-	}
-}
-
-// WithMaxEntryBytes sets the largest encoded entry Put stores (default
-// DefaultMaxEntryBytes); n ≤ 0 keeps the default.
-func WithMaxEntryBytes(n int) RedisOption {
-	return func(r *Redis) {
-		if n > 0 {
-			r.maxEntry = n
-		}
-	}
+	c           rueidis.Client
+	prefix      string
+	maxEntry    int
+	tenantBytes int64
+	log         *slog.Logger
 }
 
 // NewRedis returns a store that keeps entries in Redis through c under
 // prefix (DefaultRedisPrefix when empty). The caller keeps ownership of c.
-func NewRedis(c rueidis.Client, prefix string, opts ...RedisOption) *Redis {
+func NewRedis(c rueidis.Client, prefix string, opts ...Option) *Redis {
 	if prefix == "" {
 		prefix = DefaultRedisPrefix
 	}
-	r := &Redis{c: c, prefix: prefix, maxEntry: DefaultMaxEntryBytes, log: slog.New(slog.DiscardHandler)}
-	for _, o := range opts {
-		o(r)
-	}
-	return r
+	o := newOptions(opts)
+	return &Redis{c: c, prefix: prefix, maxEntry: o.maxEntry, tenantBytes: o.tenantBytes, log: o.log}
 }
 
-// RedisKey returns the Redis key an entry under key is stored at.
-func (r *Redis) RedisKey(key string) string { return r.prefix + key }
+// tenantKey returns the start of every key of tenant's.
+func (r *Redis) tenantKey(tenant string) string { return r.prefix + "{" + TenantTag(tenant) + "}:" }
 
-// Get reads the entry under key with one GET.
-func (r *Redis) Get(ctx context.Context, key string) (*Entry, bool, error) {
-	b, err := r.c.Do(ctx, r.c.B().Get().Key(r.RedisKey(key)).Build()).AsBytes()
+// RedisKey returns the Redis key tenant's entry under key is stored at.
+func (r *Redis) RedisKey(tenant, key string) string { return r.tenantKey(tenant) + "e:" + key }
+
+// IndexKey returns the Redis key of tenant's index (a zset of its keys by
+// expiry); SizesKey that of its sizes (a hash with the total under "n").
+func (r *Redis) IndexKey(tenant string) string { return r.tenantKey(tenant) + "i" }
+
+// SizesKey: see IndexKey.
+func (r *Redis) SizesKey(tenant string) string { return r.tenantKey(tenant) + "s" }
+
+// Get reads tenant's entry under key with one GET.
+func (r *Redis) Get(ctx context.Context, tenant, key string) (*Entry, bool, error) {
+	k := r.RedisKey(tenant, key)
+	b, err := r.c.Do(ctx, r.c.B().Get().Key(k).Build()).AsBytes()
 	if rueidis.IsRedisNil(err) {
 		return nil, false, nil
 	}
@@ -82,28 +81,38 @@ func (r *Redis) Get(ctx context.Context, key string) (*Entry, bool, error) {
 		// The key is a hash of the request, safe to log; the value is not
 		// logged (it is an answer, possibly with personal data).
 		r.log.ErrorContext(ctx, "respcache: unreadable cache value, treated as a miss",
-			"key", r.RedisKey(key), "bytes", len(b), "err", err)
+			"key", k, "bytes", len(b), "err", err)
 		return nil, false, nil
 	}
 	return e, true, nil
 }
 
-// Put writes e under key with one SET ... PX ttl (rounded up to a
-// millisecond). An entry whose encoded form is over the size bound returns
-// ErrTooLarge and leaves any previous entry under key in place.
-func (r *Redis) Put(ctx context.Context, key string, e *Entry, ttl time.Duration) error {
+// Put writes e under tenant and key for ttl (rounded up to a millisecond)
+// with put.lua, one round trip, which drops tenant's entries closest to
+// their expiry while the tenant would be over its bound. An entry whose
+// encoded form is over the entry bound, or over an eighth of the tenant
+// bound with its key, returns ErrTooLarge and leaves any previous entry
+// under key in place.
+func (r *Redis) Put(ctx context.Context, tenant, key string, e *Entry, ttl time.Duration) error {
 	if err := check(e, ttl); err != nil {
 		return err
 	}
-	if encodedLen(e) > r.maxEntry {
+	n := encodedLen(e)
+	size := int64(n) + int64(len(key))
+	if n > r.maxEntry || size > r.tenantBytes/8 {
 		return ErrTooLarge // checked before encoding: a huge answer costs no copy
 	}
 	ms := ttl.Milliseconds()
 	if time.Duration(ms)*time.Millisecond < ttl {
 		ms++
 	}
-	cmd := r.c.B().Set().Key(r.RedisKey(key)).Value(rueidis.BinaryString(encodeEntry(e))).PxMilliseconds(ms).Build()
-	if err := r.c.Do(ctx, cmd).Error(); err != nil {
+	t := r.tenantKey(tenant)
+	keys := []string{t + "e:" + key, t + "i", t + "s"}
+	args := []string{
+		rueidis.BinaryString(encodeEntry(e)), strconv.FormatInt(ms, 10), key,
+		strconv.FormatInt(size, 10), strconv.FormatInt(r.tenantBytes, 10), t + "e:",
+	}
+	if err := putScript.Exec(ctx, r.c, keys, args).Error(); err != nil {
 		return fmt.Errorf("respcache: redis put: %w", err)
 	}
 	return nil

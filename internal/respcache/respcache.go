@@ -3,7 +3,10 @@ package respcache
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"log/slog"
 	"net/http"
 	"time"
 )
@@ -23,6 +26,9 @@ var (
 	// nested at most MaxDepth deep). Such a body is not cacheable; forward it
 	// uncached and let the provider judge it.
 	ErrInvalidJSON = errors.New("respcache: invalid JSON")
+	// ErrUnavailable is returned by a Breaker while its store is off after
+	// a failure: a miss for Get, "not cached" for Put.
+	ErrUnavailable = errors.New("respcache: store unavailable")
 )
 
 // Entry is one stored answer.
@@ -42,24 +48,109 @@ type Entry struct {
 	Created time.Time
 }
 
-// Store is a response cache backend.
+// Store is a response cache backend. Entries belong to a tenant: each
+// tenant's entries are bounded in bytes on their own, so that one tenant
+// cannot push the others' answers out, and a key is looked up within its
+// tenant only.
 //
 // Get returns an Entry the caller owns: changing it changes nothing in the
 // store. Put copies what it needs: the caller may reuse e's buffers after
 // it returns.
 type Store interface {
-	// Get returns the live entry under key; a missing or expired entry is
-	// (nil, false, nil).
-	Get(ctx context.Context, key string) (*Entry, bool, error)
-	// Put stores e under key for ttl, replacing any previous entry. An entry
-	// over the store's bound is refused with ErrTooLarge.
-	Put(ctx context.Context, key string, e *Entry, ttl time.Duration) error
+	// Get returns tenant's live entry under key; a missing or expired
+	// entry is (nil, false, nil).
+	Get(ctx context.Context, tenant, key string) (*Entry, bool, error)
+	// Put stores e under tenant and key for ttl, replacing any previous
+	// entry, and drops other entries of tenant's if it goes over its
+	// bound. An entry over the store's entry bound is refused with
+	// ErrTooLarge.
+	Put(ctx context.Context, tenant, key string, e *Entry, ttl time.Duration) error
 }
 
 var (
 	_ Store = (*Memory)(nil)
 	_ Store = (*Redis)(nil)
+	_ Store = (*Breaker)(nil)
 )
+
+// DefaultTenantBytes is the default bound on one tenant's entries
+// (WithTenantBytes).
+const DefaultTenantBytes = 64 << 20
+
+// Option configures a store.
+type Option func(*options)
+
+type options struct {
+	log         *slog.Logger
+	maxEntry    int
+	tenantBytes int64
+}
+
+func newOptions(opts []Option) options {
+	o := options{log: slog.New(slog.DiscardHandler), maxEntry: DefaultMaxEntryBytes, tenantBytes: DefaultTenantBytes}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// WithLogger sets where the Redis store reports values it cannot decode.
+// The default discards them.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.log = l
+		}
+	}
+}
+
+// WithMaxEntryBytes sets the largest encoded entry the Redis store's Put
+// stores (default DefaultMaxEntryBytes); n ≤ 0 keeps the default. The
+// memory store's entry bound is its maxBytes/8.
+func WithMaxEntryBytes(n int) Option {
+	return func(o *options) {
+		if n > 0 {
+			o.maxEntry = n
+		}
+	}
+}
+
+// WithTenantBytes bounds the bytes one tenant's entries hold (default
+// DefaultTenantBytes; n ≤ 0 keeps the default). An entry over n/8 is
+// refused with ErrTooLarge, so that one answer cannot flush most of its
+// tenant's cache.
+func WithTenantBytes(n int64) Option {
+	return func(o *options) {
+		if n > 0 {
+			o.tenantBytes = n
+		}
+	}
+}
+
+// TenantTag is what stands for tenant in the Redis store's keys, inside a
+// Cluster hash tag: the name itself when it is 1 to 64 letters, digits,
+// '.', '_', '@' or '-' (every name the configuration and the admin API
+// accept), else "#" and the hex SHA-256 of the name. So no tag holds a
+// brace, which would end the hash tag early, and two tenants never share
+// one: '#' is in no name kept as it is.
+func TenantTag(tenant string) string {
+	if len(tenant) >= 1 && len(tenant) <= 64 && plainName(tenant) {
+		return tenant
+	}
+	sum := sha256.Sum256([]byte(tenant))
+	return "#" + hex.EncodeToString(sum[:])
+}
+
+func plainName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == '@', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // check validates the arguments of a Put.
 func check(e *Entry, ttl time.Duration) error {
@@ -72,9 +163,10 @@ func check(e *Entry, ttl time.Duration) error {
 	return nil
 }
 
-// Size is what an entry under key costs the memory store's byte bound: the
+// Size is what an entry under key costs the memory store's byte bounds: the
 // key, every header name and value, the body and every event. Go's
-// per-object overhead is not counted.
+// per-object overhead is not counted. (The Redis store counts the key and
+// the encoded entry, a few bytes more.)
 func Size(key string, e *Entry) int64 {
 	n := int64(len(key)) + int64(len(e.Body))
 	for name, vs := range e.Header {

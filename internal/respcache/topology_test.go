@@ -2,6 +2,7 @@ package respcache_test
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +24,8 @@ func TestRedisConformanceCluster3(t *testing.T) {
 	runConformance(t, func(t *testing.T) harness {
 		prefix := uniquePrefix()
 		return harness{
-			store:   respcache.NewRedis(cl, prefix, respcache.WithMaxEntryBytes(conformanceMaxEntry)),
+			store:   respcache.NewRedis(cl, prefix, respcache.WithMaxEntryBytes(conformanceMaxEntry), respcache.WithTenantBytes(conformanceTenantBytes)),
+			tenant:  "t" + strings.TrimSuffix(prefix, ":"),
 			advance: func(t *testing.T, d time.Duration) { advanceCluster(t, c, cl, prefix, d) },
 		}
 	})
@@ -37,7 +39,8 @@ func TestRedisConformanceSentinel(t *testing.T) {
 	runConformance(t, func(t *testing.T) harness {
 		prefix := uniquePrefix()
 		return harness{
-			store:   respcache.NewRedis(cl, prefix, respcache.WithMaxEntryBytes(conformanceMaxEntry)),
+			store:   respcache.NewRedis(cl, prefix, respcache.WithMaxEntryBytes(conformanceMaxEntry), respcache.WithTenantBytes(conformanceTenantBytes)),
+			tenant:  "t" + strings.TrimSuffix(prefix, ":"),
 			advance: func(t *testing.T, d time.Duration) { advanceRedis(t, cl, prefix, d) },
 		}
 	})

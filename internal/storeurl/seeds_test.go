@@ -49,7 +49,15 @@ func TestRedisOptionSeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The credentials and database are the data nodes'; sentinels get none.
-	if opt.Username != "u" || opt.Password != "pw" || opt.SelectDB != 3 || opt.Sentinel.Password != "" {
+	if opt.Username != "u" || opt.Password != "pw" || opt.SelectDB != 3 || opt.Sentinel.Password != "" || opt.Sentinel.Username != "" {
+		t.Errorf("options = %+v", opt)
+	}
+	// Unless the URL gives theirs.
+	opt, err = RedisOption("redis://u:pw@s1:1,s2:2/3?master_set=m&sentinel_username=su&sentinel_password=s%26p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opt.Username != "u" || opt.Password != "pw" || opt.Sentinel.Username != "su" || opt.Sentinel.Password != "s&p" {
 		t.Errorf("options = %+v", opt)
 	}
 	for _, bad := range []string{
@@ -63,6 +71,8 @@ func TestRedisOptionSeeds(t *testing.T) {
 		"redis://:s3cret@h1:1?addr=h2",
 		"redis://:s3cret@h1:1?addr=h2:0&master_set=m",
 		"redis://:s3cret@h1?addr=",
+		"redis://h1:1?sentinel_password=s3cret",
+		"redis://h1:1,h2:2?sentinel_username=u&sentinel_password=s3cret",
 	} {
 		_, err := RedisOption(bad)
 		if !errors.Is(err, ErrBadURL) {
@@ -97,22 +107,70 @@ func TestOpenRedisSentinel(t *testing.T) {
 		}
 		c.Close()
 	}
-	m, err := s.Master(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v, err := m.Command(ctx, "GET", "storeurl:s"); err != nil {
-		t.Fatal(err)
-	} else if got, _ := v.ToString(); got != "1" {
-		t.Errorf("the master holds %q, want the value written through the sentinels", got)
-	}
+	masterHolds(t, ctx, s, "storeurl:s", "1")
 	// A master set the sentinels do not know: an error without the password.
-	_, err = OpenRedis("redis://:s3cret@" + strings.Join(a, ",") + "?master_set=nosuch")
+	_, err := OpenRedis("redis://:s3cret@" + strings.Join(a, ",") + "?master_set=nosuch")
 	if err == nil {
 		t.Fatal("connected to an unknown master set")
 	}
 	if strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("error shows the password: %v", err)
+	}
+}
+
+// TestOpenRedisSentinelAuth: with sentinels and data nodes that each
+// require their own password, the URL's user part reaches the data nodes
+// and sentinel_password the sentinels; without the latter, or with a
+// wrong one, the error shows neither password.
+func TestOpenRedisSentinelAuth(t *testing.T) {
+	auth := testutil.SentinelAuth{Data: "d@ta:pw/1", Sentinels: "s&nt=pw#2"}
+	s := testutil.StartSentinelAuth(t, auth)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	c, err := OpenRedis(s.URL())
+	if err != nil {
+		t.Fatalf("OpenRedis(%s): %v", Redact(s.URL()), err)
+	}
+	if err := c.Do(ctx, c.B().Set().Key("storeurl:auth").Value("1").Build()).Error(); err != nil {
+		t.Errorf("SET through the sentinels: %v", err)
+	}
+	c.Close()
+	masterHolds(t, ctx, s, "storeurl:auth", "1")
+	for name, u := range map[string]string{
+		"no sentinel password":    strings.Replace(s.URL(), "&sentinel_password="+url.QueryEscape(auth.Sentinels), "", 1),
+		"wrong sentinel password": strings.Replace(s.URL(), "&sentinel_password=", "&sentinel_password=x", 1),
+		"wrong data password":     strings.Replace(s.URL(), "redis://:", "redis://:x", 1),
+	} {
+		c, err := OpenRedis(u)
+		if err == nil {
+			// rueidis may connect to the sentinels and fail on the master.
+			err = c.Do(ctx, c.B().Set().Key("storeurl:auth").Value("2").Build()).Error()
+			c.Close()
+		}
+		if err == nil {
+			t.Errorf("%s: connected and wrote", name)
+			continue
+		}
+		for _, p := range []string{auth.Data, auth.Sentinels, url.QueryEscape(auth.Sentinels)} {
+			if strings.Contains(err.Error(), p) {
+				t.Errorf("%s: the error shows a password: %v", name, err)
+			}
+		}
+	}
+}
+
+// masterHolds checks that the master the sentinels name holds want under
+// key, written through them.
+func masterHolds(t *testing.T, ctx context.Context, s *testutil.Sentinel, key, want string) {
+	t.Helper()
+	m, err := s.Master(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := m.Command(ctx, "GET", key); err != nil {
+		t.Fatal(err)
+	} else if got, _ := v.ToString(); got != want {
+		t.Errorf("the master holds %q, want the value written through the sentinels", got)
 	}
 }
 
@@ -146,6 +204,7 @@ func FuzzRedisOption(f *testing.F) {
 		"redis://:s3cret@h1:1,h2:2", "redis://u:p4ss@s1:1,s2:2/0?master_set=m", "redis://h?addr=h2:2&addr=h3",
 		"redis://:s3cret@h1:1,,h2", "redis://:s3cret@h1:1,h2:99999", "rediss://a,b,c?master_set=x&connections=4",
 		"redis://[::1]:1,h", "unix:///tmp/x.sock",
+		"redis://:d4ta@s1:1,s2:2?master_set=m&sentinel_password=s3cret", "redis://h:1?sentinel_password=s3cret&connections=3",
 	} {
 		f.Add(s)
 	}
@@ -155,10 +214,21 @@ func FuzzRedisOption(f *testing.F) {
 			return
 		}
 		u, perr := url.Parse(s)
-		if perr != nil || u.User == nil {
+		if perr != nil {
 			return
 		}
 		msg := err.Error()
+		for _, p := range u.Query()["sentinel_password"] {
+			if len(p) >= 4 && strings.Contains(msg, p) {
+				_, other := RedisOption(strings.ReplaceAll(s, p, strings.Repeat("Z", len(p))))
+				if other == nil || strings.Count(msg, p) > strings.Count(other.Error(), p) {
+					t.Fatalf("RedisOption(%q) error %q shows the sentinel password %q", s, msg, p)
+				}
+			}
+		}
+		if u.User == nil {
+			return
+		}
 		if p, ok := u.User.Password(); ok && len(p) >= 4 && strings.Contains(msg, p) && !strings.Contains(strings.ReplaceAll(s, p, ""), p) {
 			// The message's own words may hold it ("pass" in "password"):
 			// a leak is one more occurrence than the same URL with
@@ -169,7 +239,11 @@ func FuzzRedisOption(f *testing.F) {
 			}
 		}
 		if n := u.User.Username(); len(n) >= 4 && strings.Contains(msg, n) && !strings.Contains(u.Host+u.Path+u.RawQuery+u.Fragment, n) {
-			t.Fatalf("RedisOption(%q) error %q shows the user part %q", s, msg, n)
+			// The same test as for the password: "pass" is in "password".
+			_, other := RedisOption(strings.ReplaceAll(s, n, strings.Repeat("Z", len(n))))
+			if other == nil || strings.Count(msg, n) > strings.Count(other.Error(), n) {
+				t.Fatalf("RedisOption(%q) error %q shows the user part %q", s, msg, n)
+			}
 		}
 	})
 }

@@ -26,6 +26,10 @@ var (
 	// ?connections=N is not a power of two from 1 to MaxConnections; it
 	// comes wrapped with ErrBadURL.
 	ErrBadConnections = fmt.Errorf("connections must be a power of two from 1 to %d", MaxConnections)
+	// ErrSentinelAuth is the failure of a URL with sentinel_username or
+	// sentinel_password but no master_set; it comes wrapped with
+	// ErrBadURL.
+	ErrSentinelAuth = errors.New("sentinel_username and sentinel_password need master_set (a Sentinel URL)")
 )
 
 // IsMemory reports whether s names the embedded in-process store.
@@ -33,28 +37,65 @@ func IsMemory(s string) bool {
 	return s == "memory" || s == "memory://" || s == "mem"
 }
 
-// Redact returns s with any password replaced by "xxxxx", for messages.
+// Redact returns s with any password replaced by "xxxxx", for messages:
+// the user part, and the value of every query parameter whose name holds
+// "pass" (sentinel_password).
 func Redact(s string) string {
 	u, err := url.Parse(s)
 	if err != nil || u.User == nil {
 		if i := strings.Index(s, "@"); i >= 0 {
 			if j := strings.Index(s, "://"); j >= 0 && j < i {
-				return s[:j+3] + "xxxxx" + s[i:]
+				return redactQuery(s[:j+3] + "xxxxx" + s[i:])
 			}
-			return "xxxxx" + s[i:]
+			return redactQuery("xxxxx" + s[i:])
 		}
-		return s
+		return redactQuery(s)
 	}
 	// A bare user part ("redis://token@host") may be a secret too.
 	u.User = url.User("xxxxx")
-	return u.String()
+	return redactQuery(u.String())
+}
+
+// redactQuery replaces the values of query parameters whose name holds
+// "pass" by "xxxxx". It reads the text after the first '?' itself, split
+// at '&' and ';', rather than through url.ParseQuery, which drops the
+// pieces it cannot parse along with the secrets they may hold.
+func redactQuery(s string) string {
+	q := strings.IndexByte(s, '?')
+	if q < 0 {
+		return s
+	}
+	var b strings.Builder
+	b.WriteString(s[:q+1])
+	start := q + 1
+	for i := start; i <= len(s); i++ {
+		if i < len(s) && s[i] != '&' && s[i] != ';' {
+			continue
+		}
+		piece := s[start:i]
+		name, _, hasValue := strings.Cut(piece, "=")
+		if n, err := url.QueryUnescape(name); err == nil {
+			name = n
+		}
+		if hasValue && strings.Contains(strings.ToLower(name), "pass") {
+			piece = piece[:strings.IndexByte(piece, '=')+1] + "xxxxx"
+		}
+		b.WriteString(piece)
+		if i < len(s) {
+			b.WriteByte(s[i])
+		}
+		start = i + 1
+	}
+	return b.String()
 }
 
 // RedisOption parses a redis://, rediss:// or unix:// URL into client
 // options (see rueidis.ParseURL for the query parameters it accepts, and
 // DefaultConnections for ?connections=N). Several comma-separated hosts,
 // or addr= parameters, are seeds: the nodes of a Cluster, or with
-// ?master_set=NAME the sentinels that name the master.
+// ?master_set=NAME the sentinels that name the master. The URL's user and
+// password are the data nodes'; the sentinels' own, when they require
+// one, come as ?sentinel_username=U&sentinel_password=P.
 func RedisOption(s string) (rueidis.ClientOption, error) {
 	if IsMemory(s) {
 		return rueidis.ClientOption{}, ErrMemory
@@ -72,11 +113,15 @@ func RedisOption(s string) (rueidis.ClientOption, error) {
 		return rueidis.ClientOption{}, fmt.Errorf("%w %q: want redis://[user:password@]host:port[,host:port...][/db][?master_set=NAME], rediss://... or unix:///path", ErrBadURL, Redact(s))
 	}
 	opt.DisableCache = true // the lock and limiter never read through a client-side cache
+	if opt.Sentinel.Username, opt.Sentinel.Password, err = sentinelAuth(expanded, opt.Sentinel.MasterSet != ""); err != nil {
+		return rueidis.ClientOption{}, fmt.Errorf("%w %q: %w", ErrBadURL, Redact(s), err)
+	}
 	if opt.Sentinel.MasterSet != "" {
 		// The addresses are the sentinels'. rueidis dials them with the
 		// Sentinel options only: give them the same dial timeout and TLS.
 		// The URL's user and password are the master's and replicas'; the
-		// sentinels are reached without AUTH.
+		// sentinels get sentinel_username and sentinel_password (none:
+		// no AUTH).
 		opt.Sentinel.Dialer = opt.Dialer
 		if opt.TLSConfig != nil {
 			opt.Sentinel.TLSConfig = opt.TLSConfig.Clone()
@@ -90,6 +135,21 @@ func RedisOption(s string) (rueidis.ClientOption, error) {
 		return rueidis.ClientOption{}, err
 	}
 	return opt, nil
+}
+
+// sentinelAuth reads the sentinels' credentials from the query of s,
+// which rueidis parsed already (so it parses). They only mean something
+// with master_set: without it, they are a mistake worth an error.
+func sentinelAuth(s string, sentinel bool) (user, password string, err error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", "", nil
+	}
+	q := u.Query()
+	if !sentinel && (q.Has("sentinel_username") || q.Has("sentinel_password")) {
+		return "", "", ErrSentinelAuth
+	}
+	return q.Get("sentinel_username"), q.Get("sentinel_password"), nil
 }
 
 // SentinelRefresh is how often a client of a Sentinel URL asks the
@@ -176,10 +236,17 @@ func pipelineMultiplex(s string) (int, error) {
 
 // OpenRedis connects to the Redis named by s. It fails fast, with a
 // password-free message, when the URL is bad or the server is unreachable.
-func OpenRedis(s string) (rueidis.Client, error) {
+func OpenRedis(s string) (rueidis.Client, error) { return OpenRedisWith(s, nil) }
+
+// OpenRedisWith is OpenRedis with the options of s changed by edit (when
+// not nil) before connecting.
+func OpenRedisWith(s string, edit func(*rueidis.ClientOption)) (rueidis.Client, error) {
 	opt, err := RedisOption(s)
 	if err != nil {
 		return nil, err
+	}
+	if edit != nil {
+		edit(&opt)
 	}
 	c, err := rueidis.NewClient(opt)
 	if err != nil {
@@ -191,13 +258,20 @@ func OpenRedis(s string) (rueidis.Client, error) {
 // redactErr renders err without any password that s carried.
 func redactErr(err error, s string) string {
 	msg := err.Error()
-	if u, perr := url.Parse(s); perr == nil && u.User != nil {
+	u, perr := url.Parse(s)
+	if perr != nil {
+		return msg
+	}
+	if u.User != nil {
 		if p, has := u.User.Password(); has && p != "" {
 			msg = strings.ReplaceAll(msg, p, "xxxxx")
 		}
 		if n := u.User.Username(); n != "" {
 			msg = strings.ReplaceAll(msg, n, "xxxxx")
 		}
+	}
+	if p := u.Query().Get("sentinel_password"); p != "" {
+		msg = strings.ReplaceAll(msg, p, "xxxxx")
 	}
 	return msg
 }

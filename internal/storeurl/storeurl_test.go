@@ -20,6 +20,10 @@ func TestRedact(t *testing.T) {
 		{"rediss://:p%40ss@host", "p@ss", "rediss://xxxxx@host"},
 		{"redis://127.0.0.1:6379", "", "redis://127.0.0.1:6379"},
 		{"::not a url:s3cret@x", "s3cret", ""},
+		{"redis://s1:1?master_set=m&sentinel_password=s3cret&addr=s2:2", "s3cret", "redis://s1:1?master_set=m&sentinel_password=xxxxx&addr=s2:2"},
+		{"redis://:d4ta@s1:1?sentinel_password=s3cret", "s3cret", "redis://xxxxx@s1:1?sentinel_password=xxxxx"},
+		{"redis://s1:1?a=1;sentinel%5Fpassword=s3cret", "s3cret", "redis://s1:1?a=1;sentinel%5Fpassword=xxxxx"},
+		{"::bad:d4ta@s1?sentinel_password=s3cret", "s3cret", "xxxxx@s1?sentinel_password=xxxxx"},
 	} {
 		got := Redact(tc.in)
 		if tc.secret != "" && strings.Contains(got, tc.secret) {
@@ -137,13 +141,22 @@ func TestOpenRedisUnreachableNeverShowsThePassword(t *testing.T) {
 // finds never appears in the redacted text, and nothing panics.
 func FuzzRedact(f *testing.F) {
 	for _, s := range []string{"redis://:s3cret@h:1", "redis://u:p@h", "rediss://tok@h/0", "x@y", "redis://h", "%zz@", "",
-		"redis://:s3cret@h1:1,h2:2?master_set=m", "redis://u:p4ss@h1,h2/0?addr=h3"} {
+		"redis://:s3cret@h1:1,h2:2?master_set=m", "redis://u:p4ss@h1,h2/0?addr=h3",
+		"redis://h1:1?master_set=m&sentinel_password=s3cret", "redis://h?x=1;Sentinel_Pass%77ord=s3cret&y"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		got := Redact(s)
 		u, err := url.Parse(s)
-		if err != nil || u.User == nil {
+		if err != nil {
+			return
+		}
+		for _, p := range u.Query()["sentinel_password"] {
+			if len(p) >= 4 && strings.Contains(got, p) && strings.Count(got, p) > strings.Count(Redact(strings.ReplaceAll(s, p, strings.Repeat("Z", len(p)))), p) {
+				t.Fatalf("Redact(%q) = %q shows the sentinel password %q", s, got, p)
+			}
+		}
+		if u.User == nil {
 			return
 		}
 		if p, ok := u.User.Password(); ok && len(p) >= 4 && strings.Contains(got, p) && !strings.Contains(strings.ReplaceAll(s, p, ""), p) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,8 +26,21 @@ type Sentinel struct {
 	Sentinels []*Redis      // the three sentinels
 	Started   time.Duration // how long it took to start and settle
 
+	Auth SentinelAuth // the passwords the nodes require
+
 	cutMu  sync.Mutex // protects resume
 	resume func()     // resumes replicas paused by CutReplication
+}
+
+// SentinelAuth are the passwords a Sentinel topology requires; "" for
+// none, the default.
+type SentinelAuth struct {
+	// Data is the requirepass of the master and replicas (and their
+	// masterauth); the sentinels are given it too (auth-pass).
+	Data string
+	// Sentinels is the sentinels' own requirepass, which they also use
+	// with each other.
+	Sentinels string
 }
 
 // StartSentinel starts a Sentinel topology for this test alone and stops it
@@ -41,13 +55,29 @@ func StartSentinel(tb testing.TB) *Sentinel {
 	return s
 }
 
+// StartSentinelAuth is StartSentinel with nodes that require the passwords
+// in auth.
+func StartSentinelAuth(tb testing.TB, auth SentinelAuth) *Sentinel {
+	tb.Helper()
+	s, err := NewSentinelAuth(tb.TempDir(), auth)
+	if err != nil {
+		tb.Fatalf("start sentinel topology: %v", err)
+	}
+	tb.Cleanup(s.Stop)
+	return s
+}
+
 // NewSentinel starts a master, 2 replicas and 3 sentinels monitoring them
 // as MasterSet, with their directories under dir, and waits until every
 // sentinel knows both replicas and the other two sentinels. The caller
 // must call Stop.
-func NewSentinel(dir string) (*Sentinel, error) {
+func NewSentinel(dir string) (*Sentinel, error) { return NewSentinelAuth(dir, SentinelAuth{}) }
+
+// NewSentinelAuth is NewSentinel with nodes that require the passwords in
+// auth.
+func NewSentinelAuth(dir string, auth SentinelAuth) (*Sentinel, error) {
 	start := time.Now()
-	s := &Sentinel{}
+	s := &Sentinel{Auth: auth}
 	ctx := context.Background()
 	for i := range 3 {
 		d := filepath.Join(dir, "data"+strconv.Itoa(i))
@@ -56,6 +86,9 @@ func NewSentinel(dir string) (*Sentinel, error) {
 			return nil, err
 		}
 		args := []string{"--repl-diskless-sync-delay", "0"} // the default waits 5s for more replicas
+		if auth.Data != "" {
+			args = append(args, "--requirepass", auth.Data, "--masterauth", auth.Data)
+		}
 		if i > 0 {
 			args = append(args, "--replicaof", "127.0.0.1", strconv.Itoa(s.Data[0].Port))
 		}
@@ -103,11 +136,18 @@ func NewSentinel(dir string) (*Sentinel, error) {
 			s.Stop()
 			return nil, err
 		}
-		r, err := newRedis(d, conf, "--sentinel",
+		args := []string{"--sentinel",
 			"--sentinel", "monitor", MasterSet, "127.0.0.1", strconv.Itoa(s.Data[0].Port), "2",
 			"--sentinel", "down-after-milliseconds", MasterSet, strconv.FormatInt(SentinelDownAfter.Milliseconds(), 10),
 			"--sentinel", "failover-timeout", MasterSet, strconv.FormatInt(sentinelFailoverTimeout.Milliseconds(), 10),
-			"--sentinel", "parallel-syncs", MasterSet, "2")
+			"--sentinel", "parallel-syncs", MasterSet, "2"}
+		if auth.Data != "" {
+			args = append(args, "--sentinel", "auth-pass", MasterSet, auth.Data)
+		}
+		if auth.Sentinels != "" {
+			args = append(args, "--requirepass", auth.Sentinels)
+		}
+		r, err := newRedis(d, conf, args...)
 		if err != nil {
 			s.Stop()
 			return nil, err
@@ -132,17 +172,26 @@ func (s *Sentinel) SentinelAddrs() []string {
 }
 
 // URL returns redis://sentinel0?addr=sentinel1&addr=sentinel2&master_set=MasterSet,
-// the form rueidis.ParseURL reads.
+// the form rueidis.ParseURL reads, with the passwords of Auth
+// (:DATA@ and &sentinel_password=SENTINELS, for storeurl).
 func (s *Sentinel) URL() string {
 	a := s.SentinelAddrs()
-	return "redis://" + a[0] + "?addr=" + strings.Join(a[1:], "&addr=") + "&master_set=" + MasterSet
+	user := ""
+	if s.Auth.Data != "" {
+		user = url.UserPassword("", s.Auth.Data).String() + "@"
+	}
+	u := "redis://" + user + a[0] + "?addr=" + strings.Join(a[1:], "&addr=") + "&master_set=" + MasterSet
+	if s.Auth.Sentinels != "" {
+		u += "&sentinel_password=" + url.QueryEscape(s.Auth.Sentinels)
+	}
+	return u
 }
 
 // Option returns client options that find the master through the sentinels.
 func (s *Sentinel) Option() rueidis.ClientOption {
 	return rueidis.ClientOption{
-		InitAddress: s.SentinelAddrs(), DisableCache: true,
-		Sentinel: rueidis.SentinelOption{MasterSet: MasterSet},
+		InitAddress: s.SentinelAddrs(), DisableCache: true, Password: s.Auth.Data,
+		Sentinel: rueidis.SentinelOption{MasterSet: MasterSet, Password: s.Auth.Sentinels},
 	}
 }
 

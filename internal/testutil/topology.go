@@ -45,7 +45,7 @@ const MasterSet = "llmgate"
 func (r *Redis) Command(ctx context.Context, args ...string) (rueidis.RedisMessage, error) {
 	c, err := rueidis.NewClient(rueidis.ClientOption{
 		InitAddress: []string{r.Addr}, DisableCache: true, ForceSingleClient: true,
-		DisableRetry: true, Dialer: net.Dialer{Timeout: 5 * time.Second},
+		DisableRetry: true, Dialer: net.Dialer{Timeout: 5 * time.Second}, Password: r.password,
 	})
 	if err != nil {
 		return rueidis.RedisMessage{}, fmt.Errorf("%s: %w", r.Addr, err)

@@ -3,7 +3,10 @@
 // A backend's own tests call Run with a constructor; the suite drives the
 // backend through the public lock.Locker API with real time and real
 // goroutines, so it checks the whole lock (backend, lease, watchdog) and not
-// a model of it.
+// a model of it. A backend that takes a clock also runs RunFakeClock: the
+// tests where the store's time matters (expiry, extension, the watchdog),
+// on a fake clock that they step by hand, with exact bounds; its Run then
+// skips them (RunSkipping with OnFakeClock).
 package locktest
 
 import (
@@ -20,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/clock"
 	"github.com/llmgate/llmgate/lock"
 )
 
@@ -61,10 +65,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) lock.Backend) {
 func RunSkipping(t *testing.T, newBackend func(t *testing.T) lock.Backend, skip map[string]string) {
 	s := &suite{newBackend: newBackend}
 	s.late = s.lateBound(t)
-	tests := []struct {
-		name string
-		fn   func(t *testing.T)
-	}{
+	tests := []namedTest{
 		{"TryAcquireFree", s.testTryAcquireFree},
 		{"TryAcquireHeld", s.testTryAcquireHeld},
 		{"KeysAreIndependent", s.testKeysAreIndependent},
@@ -102,11 +103,133 @@ func RunSkipping(t *testing.T, newBackend func(t *testing.T) lock.Backend, skip 
 	}
 }
 
+// fakeClockTests are the tests RunFakeClock runs.
+func (s *suite) fakeClockTests() []namedTest {
+	return []namedTest{
+		{"ReleaseStaleLease", s.testReleaseStale},
+		{"ExtendStaleLease", s.testExtendStale},
+		{"ExtendHeldLease", s.testExtendHeld},
+		{"ExpiryHandsOffToWaiter", s.testExpiryHandOff},
+		{"FencesStrictlyIncrease", s.testFenceSequence},
+		{"HandOffTopsUpToTTL", s.testHandOffTopUp},
+		{"MixedWaiterLeasesKeepPlaces", s.testMixedWaiterLeases},
+		{"ShortWaiterLeaseKeepsPlace", s.testShortWaiterLease},
+		{"DoWatchdogKeepsLock", s.testWatchdog},
+		{"DoLostLockNotHeld", s.testLostNotHeld},
+		{"DoLostLockUnconfirmed", s.testLostUnconfirmed},
+	}
+}
+
+type namedTest struct {
+	name string
+	fn   func(t *testing.T)
+}
+
+// RunFakeClock runs, as subtests of t, the tests of the suite that depend
+// on the store's time: expiry, extension, hand-off at expiry, the watchdog's
+// renewals and losses. Every backend newBackend returns must keep time on
+// clk; the suite's Lockers do too (lock.WithClock), and the tests step clk
+// instead of waiting, each step to the moment a timer is due and once the
+// Locker waits for it, so every bound is exact however busy the machine.
+func RunFakeClock(t *testing.T, clk *clock.Fake, newBackend func(t *testing.T) lock.Backend) {
+	s := &suite{newBackend: newBackend, fake: clk} // late 0: time moves only when a test moves it
+	for _, tc := range s.fakeClockTests() {
+		t.Run(tc.name, tc.fn)
+	}
+}
+
+// OnFakeClock names the tests RunFakeClock runs, each with a reason: pass
+// it to RunSkipping for a backend that runs them there.
+func OnFakeClock() map[string]string {
+	m := make(map[string]string)
+	for _, tc := range (&suite{}).fakeClockTests() {
+		m[tc.name] = "runs on a fake clock (RunFakeClock)"
+	}
+	return m
+}
+
 type suite struct {
 	newBackend func(t *testing.T) lock.Backend
+	// fake, when set, is the clock the backends and Lockers keep time on:
+	// the tests step it instead of waiting.
+	fake *clock.Fake
 	// late is how late a waiter may get the lock, or a holder hear of its
 	// loss, after the event that should make it so.
 	late time.Duration
+}
+
+// now is the store's time: the fake clock's, or the real one.
+func (s *suite) now() time.Time {
+	if s.fake != nil {
+		return s.fake.Now()
+	}
+	return time.Now()
+}
+
+// pass lets d go by: it steps the fake clock, or sleeps (in the tests
+// where the passage of time is what is tested).
+func (s *suite) pass(d time.Duration) {
+	if s.fake != nil {
+		s.fake.Advance(d)
+		return
+	}
+	time.Sleep(d)
+}
+
+// letExpire makes a lease of d taken just now expire while l's waiter for
+// key is queued: on the fake clock it waits for the waiter to queue and
+// steps the clock; a store on real time expires it by itself.
+func (s *suite) letExpire(t *testing.T, ctx context.Context, l *lock.Locker, key string, d time.Duration) {
+	t.Helper()
+	if s.fake == nil {
+		return
+	}
+	waitWaiters(t, ctx, l, key, 1)
+	s.fake.Advance(d)
+}
+
+// steppedClock is the fake clock as one Locker sees it: each timer the
+// Locker sets (the watchdog's next renewal or retry, a top-up) is reported
+// on due with the time it fires, so that a test steps the clock to exactly
+// that moment, and only once the Locker waits for it.
+type steppedClock struct {
+	*clock.Fake
+	due chan time.Time
+}
+
+func (c *steppedClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	tm := c.Fake.AfterFunc(d, f)
+	select {
+	case c.due <- c.Fake.Now().Add(d):
+	default: // nobody steps this Locker's timers
+	}
+	return tm
+}
+
+// wait waits for the Locker to set its next timer and returns when it is
+// due; it reports false if done closes first.
+func (c *steppedClock) wait(t *testing.T, done <-chan struct{}) (time.Time, bool) {
+	t.Helper()
+	select {
+	case at := <-c.due:
+		return at, true
+	case <-done:
+		return time.Time{}, false
+	case <-time.After(waitBound):
+		t.Fatalf("the Locker set no timer within %v", waitBound)
+		return time.Time{}, false
+	}
+}
+
+// next waits for the Locker's next timer and steps the clock to it; it
+// reports false, without stepping, if done closes first.
+func (c *steppedClock) next(t *testing.T, done <-chan struct{}) bool {
+	t.Helper()
+	at, ok := c.wait(t, done)
+	if ok {
+		c.Advance(at.Sub(c.Now()))
+	}
+	return ok
 }
 
 // lateBound measures the store's round trip (the median of a few
@@ -138,11 +261,28 @@ func median(ds []time.Duration) time.Duration {
 // locker returns a Locker over a new backend (a new "process").
 func (s *suite) locker(t *testing.T) *lock.Locker {
 	t.Helper()
+	l, _ := s.lockerClock(t)
+	return l
+}
+
+// lockerClock is locker that also returns, on the fake clock, the clock
+// the Locker sees, to step its timers (nil on real time).
+func (s *suite) lockerClock(t *testing.T) (*lock.Locker, *steppedClock) {
+	t.Helper()
 	b := s.newBackend(t)
 	if b == nil {
 		t.Fatal("newBackend returned nil")
 	}
-	return lock.New(b)
+	return s.lockerOn(b)
+}
+
+// lockerOn returns a Locker over b on the suite's clock.
+func (s *suite) lockerOn(b lock.Backend) (*lock.Locker, *steppedClock) {
+	if s.fake == nil {
+		return lock.New(b), nil
+	}
+	c := &steppedClock{Fake: s.fake, due: make(chan time.Time, 64)}
+	return lock.New(b, lock.WithClock(c)), c
 }
 
 // lockers returns n Lockers, each over its own backend.
@@ -173,12 +313,13 @@ type acquired struct {
 	at    time.Time // when Acquire returned
 }
 
-// acquireAsync runs l.Acquire in a goroutine and delivers its result.
-func acquireAsync(ctx context.Context, l *lock.Locker, key string, opts lock.Options) <-chan acquired {
+// acquireAsync runs l.Acquire in a goroutine and delivers its result,
+// with when it returned by the store's clock.
+func (s *suite) acquireAsync(ctx context.Context, l *lock.Locker, key string, opts lock.Options) <-chan acquired {
 	ch := make(chan acquired, 1)
 	go func() {
 		lease, err := l.Acquire(ctx, key, opts)
-		ch <- acquired{lease: lease, err: err, at: time.Now()}
+		ch <- acquired{lease: lease, err: err, at: s.now()}
 	}()
 	return ch
 }
@@ -404,10 +545,13 @@ func (s *suite) testDoubleRelease(t *testing.T) {
 
 // takeOver leaves a short lease of a to expire and lets b take the lock with
 // a blocking Acquire; it returns the stale lease and b's result.
-func takeOver(t *testing.T, ctx context.Context, a, b *lock.Locker, key string) (stale *lock.Lease, fresh acquired) {
+func (s *suite) takeOver(t *testing.T, ctx context.Context, a, b *lock.Locker, key string) (stale *lock.Lease, fresh acquired) {
 	t.Helper()
-	stale = mustTry(t, ctx, a, key, lock.Options{TTL: 150 * time.Millisecond})
-	fresh = receive(t, acquireAsync(ctx, b, key, lock.Options{TTL: 10 * time.Second}), waitBound, "taking over")
+	const ttl = 150 * time.Millisecond
+	stale = mustTry(t, ctx, a, key, lock.Options{TTL: ttl})
+	ch := s.acquireAsync(ctx, b, key, lock.Options{TTL: 10 * time.Second})
+	s.letExpire(t, ctx, b, key, ttl)
+	fresh = receive(t, ch, waitBound, "taking over")
 	if fresh.err != nil {
 		t.Fatalf("Acquire after the holder's lease expired: %v", fresh.err)
 	}
@@ -437,7 +581,7 @@ func (s *suite) testReleaseStale(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	ls := s.lockers(t, 3)
 	key := newKey(t)
-	stale, fresh := takeOver(t, ctx, ls[0], ls[1], key)
+	stale, fresh := s.takeOver(t, ctx, ls[0], ls[1], key)
 
 	if err := stale.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		t.Fatalf("Release of the stale lease = %v, want ErrNotHeld", err)
@@ -459,7 +603,7 @@ func (s *suite) testExtendStale(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	ls := s.lockers(t, 3)
 	key := newKey(t)
-	stale, fresh := takeOver(t, ctx, ls[0], ls[1], key)
+	stale, fresh := s.takeOver(t, ctx, ls[0], ls[1], key)
 
 	// A stale Extend that wrongly applied to the new holder would shorten
 	// its lease to MinTTL; the waiter below would then get the lock.
@@ -470,13 +614,18 @@ func (s *suite) testExtendStale(t *testing.T) {
 	if _, err := ls[0].Backend().Extend(ctx, key, stale.Token, lock.MinTTL); !errors.Is(err, lock.ErrNotHeld) {
 		t.Fatalf("backend Extend with the stale token = %v, want ErrNotHeld", err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	if got, err := ls[2].Acquire(wctx, key, lock.Options{TTL: time.Second}); !errors.Is(err, context.DeadlineExceeded) {
-		if got != nil {
-			_ = got.Release(ctx)
+	if s.fake != nil {
+		s.fake.Advance(100 * lock.MinTTL)
+		mustNotObtain(t, ctx, ls[2], key) // the stale Extend touched the new lease?
+	} else {
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		if got, err := ls[2].Acquire(wctx, key, lock.Options{TTL: time.Second}); !errors.Is(err, context.DeadlineExceeded) {
+			if got != nil {
+				_ = got.Release(ctx)
+			}
+			t.Fatalf("Acquire by a third party while the new holder holds = %v, want DeadlineExceeded (the stale Extend touched the new lease?)", err)
 		}
-		t.Fatalf("Acquire by a third party while the new holder holds = %v, want DeadlineExceeded (the stale Extend touched the new lease?)", err)
 	}
 	if err := fresh.lease.Extend(ctx, 0); err != nil {
 		t.Fatalf("new holder's Extend: %v", err)
@@ -499,30 +648,30 @@ func (s *suite) testExtendHeld(t *testing.T) {
 			t.Fatalf("%s: validity ends %v after the call, want between %v and %v", what, got.Sub(after), lo.Sub(after), d)
 		}
 	}
-	before := time.Now()
+	before := s.now()
 	if err := lease.Extend(ctx, 3*time.Second); err != nil {
 		t.Fatalf("Extend(3s): %v", err)
 	}
-	after := time.Now()
+	after := s.now()
 	v2 := lease.ValidUntil()
 	if !v2.After(v1) {
 		t.Fatalf("ValidUntil did not move forward: %v -> %v", v1, v2)
 	}
 	check("Extend(3s)", v2, before, after, 3*time.Second)
 
-	before = time.Now()
+	before = s.now()
 	until, err := l.Backend().Extend(ctx, key, lease.Token, 2*time.Second)
-	after = time.Now()
+	after = s.now()
 	if err != nil {
 		t.Fatalf("backend Extend(2s): %v", err)
 	}
 	check("backend Extend(2s)", until, before, after, 2*time.Second)
 
-	before = time.Now()
+	before = s.now()
 	if err := lease.Extend(ctx, 0); err != nil {
 		t.Fatalf("Extend(0): %v", err)
 	}
-	check("Extend(0) (the lease's TTL)", lease.ValidUntil(), before, time.Now(), ttl)
+	check("Extend(0) (the lease's TTL)", lease.ValidUntil(), before, s.now(), ttl)
 	if err := lease.Err(); err != nil {
 		t.Fatalf("Err() = %v after Extend, want nil", err)
 	}
@@ -537,9 +686,11 @@ func (s *suite) testExpiryHandOff(t *testing.T) {
 			a, b := s.locker(t), s.locker(t)
 			key := newKey(t)
 			const ttl = 150 * time.Millisecond
-			before := time.Now()
+			before := s.now()
 			old := mustTry(t, ctx, a, key, lock.Options{TTL: ttl, Fair: fair})
-			r := receive(t, acquireAsync(ctx, b, key, lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair}), waitBound, "waiter")
+			ch := s.acquireAsync(ctx, b, key, lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair})
+			s.letExpire(t, ctx, b, key, ttl)
+			r := receive(t, ch, waitBound, "waiter")
 			if r.err != nil {
 				t.Fatalf("waiter: %v", r.err)
 			}
@@ -577,9 +728,12 @@ func (s *suite) testFenceSequence(t *testing.T) {
 		switch {
 		case stale != nil:
 			actx, cancel := context.WithTimeout(ctx, waitBound)
-			lease, err = l.Acquire(actx, key, opts)
+			ch := s.acquireAsync(actx, l, key, opts)
+			s.letExpire(t, ctx, l, key, 30*time.Millisecond)
+			r := receive(t, ch, waitBound, fmt.Sprintf("acquisition %d", i))
 			cancel()
-			if err == nil && time.Now().Before(stale.ValidUntil()) {
+			lease, err = r.lease, r.err
+			if err == nil && r.at.Before(stale.ValidUntil()) {
 				t.Fatalf("acquisition %d took over before the stale lease's ValidUntil", i)
 			}
 			stale = nil
@@ -634,7 +788,7 @@ func (s *suite) testWokenByRelease(t *testing.T) {
 				done <- released{start, lease.Release(ctx)}
 			}()
 
-			ch := acquireAsync(ctx, waiter, key, lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair})
+			ch := s.acquireAsync(ctx, waiter, key, lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair})
 			waitWaiters(t, ctx, waiter, key, 1)
 			notReturned(t, ch, "waiter before release")
 			close(release)
@@ -742,10 +896,10 @@ func (s *suite) testCancelledWaiterDoesNotStrand(t *testing.T) {
 
 			shortCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 			defer cancel()
-			first := acquireAsync(shortCtx, w, key, opts)
+			first := s.acquireAsync(shortCtx, w, key, opts)
 			waitWaiters(t, ctx, w, key, 1)
-			sameProcess := acquireAsync(ctx, w, key, opts)
-			otherProcess := acquireAsync(ctx, other, key, opts)
+			sameProcess := s.acquireAsync(ctx, w, key, opts)
+			otherProcess := s.acquireAsync(ctx, other, key, opts)
 
 			r := receive(t, first, waitBound, "waiter with a deadline")
 			if !errors.Is(r.err, context.DeadlineExceeded) {
@@ -796,7 +950,7 @@ func (s *suite) testCancelRacingHandOff(t *testing.T) {
 			for i := range rounds {
 				lease := mustTry(t, ctx, holder, key, opts)
 				wctx, cancel := context.WithTimeout(ctx, deadline)
-				ch := acquireAsync(wctx, waiter, key, opts)
+				ch := s.acquireAsync(wctx, waiter, key, opts)
 				// Release around the moment the waiter gives up, to race the
 				// hand-off against the cancellation (a timer makes the race,
 				// it does not stand in for synchronisation).
@@ -885,15 +1039,15 @@ func (s *suite) testHandOffTopUp(t *testing.T) {
 	for _, fair := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
 			ctx := testCtx(t, 30*time.Second)
-			ls := s.lockers(t, 3)
-			holder, waiter, other := ls[0], ls[1], ls[2]
+			holder, other := s.locker(t), s.locker(t)
+			waiter, wclk := s.lockerClock(t)
 			key := newKey(t)
 			// The top-up comes halfway through the hand-off's grant: 300ms,
 			// more than a busy machine stalls.
 			const waiterLease = 600 * time.Millisecond
 			opts := lock.Options{TTL: 10 * time.Second, WaiterLease: waiterLease, Fair: fair}
 			lease := mustTry(t, ctx, holder, key, opts)
-			ch := acquireAsync(ctx, waiter, key, opts)
+			ch := s.acquireAsync(ctx, waiter, key, opts)
 			waitWaiters(t, ctx, waiter, key, 1)
 			mustRelease(t, ctx, lease)
 			r := receive(t, ch, waitBound, "waiter")
@@ -902,21 +1056,30 @@ func (s *suite) testHandOffTopUp(t *testing.T) {
 			}
 			// A hand-off may be granted for WaiterLease only; the Locker
 			// tops it up to the TTL by itself, without a watchdog.
+			if s.fake != nil && r.lease.ValidUntil().Before(s.now().Add(10*waiterLease)) {
+				// Granted short: the top-up is due halfway through.
+				wclk.next(t, r.lease.Done())
+			}
 			deadline := time.Now().Add(waitBound)
-			for r.lease.ValidUntil().Before(time.Now().Add(10 * waiterLease)) {
+			for r.lease.ValidUntil().Before(s.now().Add(10 * waiterLease)) {
 				if time.Now().After(deadline) {
-					t.Fatalf("hand-off lease still valid for only %v after %v", time.Until(r.lease.ValidUntil()), waitBound)
+					t.Fatalf("hand-off lease still valid for only %v after %v", r.lease.ValidUntil().Sub(s.now()), waitBound)
 				}
 				time.Sleep(pollEvery) // polling an observable; the top-up has no completion signal
 			}
 			// The store agrees: well past WaiterLease the lock is still held.
-			wctx, cancel := context.WithTimeout(ctx, 3*waiterLease)
-			defer cancel()
-			if got, err := other.Acquire(wctx, key, opts); !errors.Is(err, context.DeadlineExceeded) {
-				if got != nil {
-					_ = got.Release(ctx)
+			if s.fake != nil {
+				s.fake.Advance(3 * waiterLease)
+				mustNotObtain(t, ctx, other, key)
+			} else {
+				wctx, cancel := context.WithTimeout(ctx, 3*waiterLease)
+				defer cancel()
+				if got, err := other.Acquire(wctx, key, opts); !errors.Is(err, context.DeadlineExceeded) {
+					if got != nil {
+						_ = got.Release(ctx)
+					}
+					t.Fatalf("Acquire by another %v after the hand-off = %v, want DeadlineExceeded", 3*waiterLease, err)
 				}
-				t.Fatalf("Acquire by another %v after the hand-off = %v, want DeadlineExceeded", 3*waiterLease, err)
 			}
 			if err := r.lease.Err(); err != nil {
 				t.Fatalf("hand-off lease Err() = %v, want nil", err)
@@ -942,17 +1105,22 @@ func (s *suite) testMixedWaiterLeases(t *testing.T) {
 			// Long enough to renew reliably (see ShortWaiterLeaseKeepsPlace
 			// for shorter ones); it must still not shorten the long lease.
 			const shortLease = 300 * time.Millisecond
-			longCh := acquireAsync(ctx, long, key, lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair})
+			longCh := s.acquireAsync(ctx, long, key, lock.Options{TTL: 5 * time.Second, WaiterLease: waitLease, Fair: fair})
 			waitWaiters(t, ctx, holder, key, 1)
 			sctx, cancel := context.WithTimeout(ctx, shortLease+50*time.Millisecond)
 			defer cancel()
-			shortCh := acquireAsync(sctx, short, key, lock.Options{TTL: 5 * time.Second, WaiterLease: shortLease, Fair: fair})
+			shortCh := s.acquireAsync(sctx, short, key, lock.Options{TTL: 5 * time.Second, WaiterLease: shortLease, Fair: fair})
 			if r := receive(t, shortCh, waitBound, "short-lease waiter"); !errors.Is(r.err, context.DeadlineExceeded) {
 				t.Fatalf("short-lease waiter = %v, want DeadlineExceeded", r.err)
 			}
 			// Give anything tied to the short waiter's lease time to expire;
 			// the long waiter must stay queued throughout.
-			if in, ok := inspector(holder); ok {
+			if in, ok := inspector(holder); ok && s.fake != nil {
+				s.fake.Advance(3 * shortLease)
+				if n, err := in.Waiters(ctx, key); err != nil || n != 1 {
+					t.Errorf("Waiters = %d, %v %v after the short-lease waiter left, want 1: the long-lease waiter lost its place in the queue", n, err, 3*shortLease)
+				}
+			} else if ok {
 				left := time.Now()
 				for time.Since(left) < 3*shortLease {
 					n, err := in.Waiters(ctx, key)
@@ -967,7 +1135,7 @@ func (s *suite) testMixedWaiterLeases(t *testing.T) {
 				}
 			}
 			notReturned(t, longCh, "long-lease waiter")
-			relStart := time.Now()
+			relStart := s.now()
 			mustRelease(t, ctx, lease)
 			// The lock went to the long waiter: it is not free for a TryAcquire.
 			if jumped, err := other.TryAcquire(ctx, key, lock.Options{TTL: time.Second}); err == nil {
@@ -1025,7 +1193,7 @@ func (s *suite) testShortWaiterLease(t *testing.T) {
 			// left alone meanwhile: polling it would keep a server busy and
 			// hide timers that only fire on its idle ticks. (This wait is the
 			// time under test, not a stand-in for synchronisation.)
-			<-time.After(window)
+			s.pass(window)
 			if got, err := in.Waiters(ctx, key); err != nil {
 				t.Fatalf("Waiters: %v", err)
 			} else if got != n {
@@ -1218,6 +1386,10 @@ func (s *suite) testDo(t *testing.T) {
 }
 
 func (s *suite) testWatchdog(t *testing.T) {
+	if s.fake != nil {
+		s.watchdogStepped(t)
+		return
+	}
 	ctx := testCtx(t, 30*time.Second)
 	l, other := s.locker(t), s.locker(t)
 	key := newKey(t)
@@ -1259,6 +1431,45 @@ func (s *suite) testWatchdog(t *testing.T) {
 	mustRelease(t, ctx, mustTry(t, ctx, other, key, lock.Options{TTL: time.Second}))
 }
 
+// watchdogStepped is testWatchdog on the fake clock: the clock is stepped
+// to each renewal the watchdog waits for, nine of them (three TTLs), and
+// each renewal must come exactly on its schedule (every TTL/3 from the
+// acquisition) and extend the lease to exactly a TTL from then.
+func (s *suite) watchdogStepped(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	l, clk := s.lockerClock(t)
+	other := s.locker(t)
+	key := newKey(t)
+	const ttl, renewals = 1200 * time.Millisecond, 9
+	err := l.Do(ctx, key, lock.Options{TTL: ttl}, func(fctx context.Context, lease *lock.Lease) error {
+		start := lease.ValidUntil().Add(-ttl)
+		at, ok := clk.wait(t, fctx.Done())
+		for i := 1; i <= renewals; i++ {
+			if !ok {
+				t.Fatalf("fn's context cancelled before renewal %d: %v", i, context.Cause(fctx))
+			}
+			if want := start.Add(time.Duration(i) * ttl / 3); !at.Equal(want) {
+				t.Fatalf("renewal %d due %v after the acquisition, want %v", i, at.Sub(start), want.Sub(start))
+			}
+			clk.Advance(at.Sub(clk.Now()))
+			// The renewal is done once the watchdog waits for the next.
+			at, ok = clk.wait(t, fctx.Done())
+			if got, want := lease.ValidUntil(), start.Add(time.Duration(i)*ttl/3+ttl); !got.Equal(want) {
+				t.Fatalf("after renewal %d the lease is valid %v after the acquisition, want %v", i, got.Sub(start), want.Sub(start))
+			}
+			mustNotObtain(t, ctx, other, key)
+		}
+		if err := lease.Err(); err != nil {
+			t.Fatalf("lease Err() = %v while held", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Do: %v", err)
+	}
+	mustRelease(t, ctx, mustTry(t, ctx, other, key, lock.Options{TTL: time.Second}))
+}
+
 // extendFailer wraps a Backend: its Extend works okCalls times, then fails
 // with err.
 type extendFailer struct {
@@ -1292,16 +1503,24 @@ func (f *extendFailer) Calls() int {
 // cancellation was seen and Do's error.
 func (s *suite) lostDo(t *testing.T, ctx context.Context, f *extendFailer, key string, ttl time.Duration) (*lock.Lease, time.Time, error) {
 	t.Helper()
-	l := lock.New(f)
+	l, clk := s.lockerOn(f)
 	var held *lock.Lease
 	var cancelledAt time.Time
 	err := l.Do(ctx, key, lock.Options{TTL: ttl}, func(fctx context.Context, lease *lock.Lease) error {
 		held = lease
-		select {
-		case <-fctx.Done():
-			cancelledAt = time.Now()
-		case <-time.After(waitBound):
-			t.Fatalf("fn's context not cancelled within %v of failing renewals", waitBound)
+		if clk != nil {
+			// Step to each renewal and retry the watchdog waits for,
+			// until it gives up.
+			for clk.next(t, fctx.Done()) {
+			}
+			cancelledAt = s.now()
+		} else {
+			select {
+			case <-fctx.Done():
+				cancelledAt = s.now()
+			case <-time.After(waitBound):
+				t.Fatalf("fn's context not cancelled within %v of failing renewals", waitBound)
+			}
 		}
 		if cause := context.Cause(fctx); !errors.Is(cause, lock.ErrLost) {
 			t.Errorf("fn's context cause = %v, want ErrLost", cause)
@@ -1337,9 +1556,10 @@ func (s *suite) testLostUnconfirmed(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	key := newKey(t)
 	f := &extendFailer{Backend: s.newBackend(t), err: errors.New("injected: store unreachable")}
-	// Long enough that the first renewal (at 300ms) and its retries come
-	// before the lease runs out even on a busy machine.
-	held, cancelledAt, err := s.lostDo(t, ctx, f, key, 900*time.Millisecond)
+	// Long enough that the first renewal (at 333ms) and its retries come
+	// before the lease runs out even on a busy machine; the retries'
+	// backoff does not land on the end of the validity by itself.
+	held, cancelledAt, err := s.lostDo(t, ctx, f, key, time.Second)
 	t.Logf("Do = %v", err)
 	// The renewals never got through, so the lease was valid until its
 	// first ValidUntil: the holder must hear of the loss by then, not

@@ -46,10 +46,8 @@ type waiter struct {
 }
 
 // New returns an empty in-memory backend on clk (nil means the real clock).
-// Leases expire, and Grant.ValidUntil is given, on clk. The lock package's
-// watchdog (Lease.Keepalive) waits on the real clock, so a fake clk used
-// with it must start at the real time: one set in the past makes every
-// kept-alive lease look expired at once.
+// Leases expire, and Grant.ValidUntil is given, on clk: give the Locker the
+// same clock (lock.WithClock), so that its watchdog renews on it.
 func New(clk clock.Clock) *Backend {
 	if clk == nil {
 		clk = clock.Real{}

@@ -17,7 +17,16 @@ func TestConformance(t *testing.T) {
 	// One store for the whole suite: every "process" the suite asks for is
 	// the same in-memory backend.
 	b := memory.New(nil)
-	locktest.Run(t, func(*testing.T) lock.Backend { return b })
+	locktest.RunSkipping(t, func(*testing.T) lock.Backend { return b }, locktest.OnFakeClock())
+}
+
+// TestConformanceFakeClock runs the suite's tests of expiry, extension and
+// the watchdog on a fake clock, so that their bounds are exact on any
+// machine.
+func TestConformanceFakeClock(t *testing.T) {
+	clk := clock.NewFake(start)
+	b := memory.New(clk)
+	locktest.RunFakeClock(t, clk, func(*testing.T) lock.Backend { return b })
 }
 
 var start = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)

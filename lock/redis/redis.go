@@ -24,7 +24,8 @@
 // the grant on the Pub/Sub channel of that waiter's Backend: one waiter
 // wakes, already holding the lock, with no further round trip. Each Backend
 // subscribes once, on a dedicated connection of its client, so waiting
-// costs no extra command.
+// costs no extra command. Closing the client does not close that
+// connection: Backend.Close does.
 //
 // A waiter also wakes on a client-side timer: at the holder's remaining
 // lease if it is first in the queue (so a crashed holder is taken over right
@@ -106,7 +107,15 @@ type Backend struct {
 	subReady  chan struct{} // closed once the wake-up channel is subscribed
 	subFailed chan struct{} // closed if the server refuses the subscription; see subErr
 	subErr    error         // why it refused; set before subFailed is closed
+	subDone   chan struct{} // closed when the subscription has ended for good
+
+	subMu sync.Mutex              // protects sub; held to close stop
+	sub   rueidis.DedicatedClient // the subscription's connection, while it has one
+	stop  chan struct{}           // closed by Close
 }
+
+// ErrClosed is returned by Acquire after Close.
+var ErrClosed = errors.New("lock: redis: backend closed")
 
 var (
 	_ lock.Backend   = (*Backend)(nil)
@@ -114,7 +123,7 @@ var (
 )
 
 // New returns a backend that stores locks through c. The caller keeps
-// ownership of c; closing it also ends the backend's subscription.
+// ownership of c, and calls Close on the backend before closing c.
 func New(c rueidis.Client, cfg Config) *Backend {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
@@ -132,6 +141,42 @@ func New(c rueidis.Client, cfg Config) *Backend {
 		waiters:     make(map[string]chan string),
 		subReady:    make(chan struct{}),
 		subFailed:   make(chan struct{}),
+		subDone:     make(chan struct{}),
+		stop:        make(chan struct{}),
+	}
+}
+
+// Close ends the wake-up subscription and closes its connection, which
+// the client would keep open past its own Close: a dedicated connection
+// in use is not the client's to close. Call it before closing the client.
+// After Close, Acquire fails with ErrClosed, and waits already under way
+// go on woken by their timers only; TryAcquire, Release and Extend still
+// work until the client is closed.
+func (b *Backend) Close() {
+	b.subMu.Lock()
+	if b.closing() {
+		b.subMu.Unlock()
+		<-b.subDone
+		return
+	}
+	close(b.stop)
+	if b.sub != nil {
+		// Under subMu: subscribe hands the connection back to the pool
+		// only after clearing sub, so this never closes a pooled one.
+		b.sub.Close() // ends subscribe's wait on the hooks' channel
+	}
+	b.subMu.Unlock()
+	b.subOnce.Do(func() { close(b.subDone) }) // never started: nothing to wait for
+	<-b.subDone
+}
+
+// closing reports whether Close was called.
+func (b *Backend) closing() bool {
+	select {
+	case <-b.stop:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -142,15 +187,25 @@ func (b *Backend) Key(key string) string { return b.prefix + "{" + key + "}" }
 // channelPrefix starts every wake-up channel of this prefix.
 func (b *Backend) channelPrefix() string { return b.prefix + "wake:" }
 
-// subscribe keeps the wake-up subscription alive until the client closes.
+// subscribe keeps the wake-up subscription alive until Close, or until the
+// client closes.
 // It uses a dedicated connection: subscribing on the client's shared one
 // would switch that connection to background reading for good, which costs
 // every later command two goroutine hand-offs.
 func (b *Backend) subscribe() {
+	defer close(b.subDone)
 	channel := b.channelPrefix() + b.channel
 	backoff := 10 * time.Millisecond
 	for {
 		dc, release := b.c.Dedicate()
+		b.subMu.Lock()
+		if b.closing() {
+			b.subMu.Unlock()
+			release()
+			return
+		}
+		b.sub = dc
+		b.subMu.Unlock()
 		closed := dc.SetPubSubHooks(rueidis.PubSubHooks{
 			OnMessage: b.deliver,
 			OnSubscription: func(s rueidis.PubSubSubscription) {
@@ -163,6 +218,9 @@ func (b *Backend) subscribe() {
 		if _, refused := rueidis.IsRedisErr(err); refused {
 			// The server says no (an ACL without Pub/Sub, say): waiting
 			// cannot work, so Acquire reports it instead of hanging.
+			b.subMu.Lock()
+			b.sub = nil
+			b.subMu.Unlock()
 			release()
 			b.subErr = fmt.Errorf("lock: redis: cannot subscribe to wake-ups on %q: %w", channel, err)
 			close(b.subFailed)
@@ -170,15 +228,24 @@ func (b *Backend) subscribe() {
 		}
 		if err == nil {
 			backoff = 10 * time.Millisecond
-			err = <-closed // until the connection breaks or the client closes
+			err = <-closed // until the connection breaks, or the backend or client closes
 		}
+		b.subMu.Lock()
+		b.sub = nil
+		b.subMu.Unlock()
 		release()
-		if errors.Is(err, rueidis.ErrClosing) {
+		if b.closing() || errors.Is(err, rueidis.ErrClosing) {
 			return
 		}
 		// Messages published meanwhile are lost; waiters' timers recover
 		// them. Subscribe again.
-		time.Sleep(backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-b.stop:
+			t.Stop()
+			return
+		}
 		backoff = min(2*backoff, time.Second)
 	}
 }
@@ -212,12 +279,22 @@ func (b *Backend) deliver(m rueidis.PubSubMessage) {
 
 // ready starts the subscription on first use and waits until it is active.
 func (b *Backend) ready(ctx context.Context) error {
+	if b.closing() {
+		return ErrClosed
+	}
 	b.subOnce.Do(func() { go b.subscribe() })
 	select {
 	case <-b.subReady:
 		return nil
 	case <-b.subFailed:
 		return b.subErr
+	case <-b.subDone:
+		select {
+		case <-b.subFailed:
+			return b.subErr
+		default:
+			return ErrClosed // by Close, or the client closed
+		}
 	case <-ctx.Done():
 		return ctx.Err()
 	}
