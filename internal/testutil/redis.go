@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +27,9 @@ type Redis struct {
 	dir  string
 	conf string   // config file given before every argument, or "" (sentinels need one)
 	args []string // extra redis-server arguments, after the defaults
+	// password is the server's requirepass (from args), which Command and
+	// Client authenticate with; "" for none.
+	password string
 
 	mu     sync.Mutex // protects cmd and exited
 	cmd    *exec.Cmd
@@ -65,6 +69,7 @@ func StartRedis(tb testing.TB) *Redis {
 // StartRedisArgs is StartRedis with extra redis-server arguments, which
 // override the defaults: for example "--appendonly", "yes",
 // "--appendfsync", "always" for a server whose data survives Restart.
+// With "--requirepass", P, Client and Command authenticate with P.
 func StartRedisArgs(tb testing.TB, args ...string) *Redis {
 	tb.Helper()
 	r, err := NewRedisArgs(tb.TempDir(), args...)
@@ -93,6 +98,11 @@ func newRedis(dir, conf string, args ...string) (*Redis, error) {
 			return nil, err
 		}
 		r := &Redis{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, conf: conf, args: args}
+		for i, a := range args[:max(len(args)-1, 0)] {
+			if a == "--requirepass" {
+				r.password = args[i+1]
+			}
+		}
 		err = r.Start()
 		if err == nil {
 			return r, nil
@@ -122,6 +132,10 @@ func (r *Redis) Start() error {
 		args = append([]string{r.conf}, args...)
 	}
 	cmd := exec.Command(bin, append(args, r.args...)...)
+	// A group of its own, so that Stop kills the children it forks for a
+	// background save or AOF rewrite too: one outliving it would write
+	// into a directory the test is removing.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", bin, err)
 	}
@@ -172,7 +186,8 @@ func (r *Redis) logTail() string {
 	return strings.TrimSpace(string(b))
 }
 
-// Stop kills the server (SIGKILL: no chance to save anything) and waits for it.
+// Stop kills the server and any child it forked (SIGKILL: no chance to
+// save anything) and waits for it.
 func (r *Redis) Stop() {
 	r.mu.Lock()
 	cmd, exited := r.cmd, r.exited
@@ -181,7 +196,7 @@ func (r *Redis) Stop() {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Kill()
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	<-exited
 }
 
@@ -196,7 +211,7 @@ func (r *Redis) Restart() error {
 // Client returns a rueidis client for the server, closed when the test ends.
 func (r *Redis) Client(tb testing.TB) rueidis.Client {
 	tb.Helper()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true})
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{r.Addr}, DisableCache: true, Password: r.password})
 	if err != nil {
 		tb.Fatalf("connect to redis %s: %v", r.Addr, err)
 	}
