@@ -43,15 +43,32 @@ phase staticcheck
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 (cd bench/peers && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...)
 phase go test -race
+# Every fuzz target explores 1000 executions past its seed corpus (FUZZ=0
+# skips this; FUZZTIME=30s ./scripts/fuzz.sh explores longer). It runs
+# alongside the tests: they mostly wait on processes and timers, while the
+# fuzzers' instrumented builds keep a core busy.
+fuzzpid=""
+if [ "${FUZZ:-1}" != 0 ]; then
+	fuzzlog="$(mktemp)"
+	# Its own process group, so that an early exit stops the fuzzers too.
+	setsid ./scripts/fuzz.sh >"$fuzzlog" 2>&1 &
+	fuzzpid=$!
+	trap 'kill -- -"$fuzzpid" 2>/dev/null || true' EXIT
+fi
 # The end-to-end tests mostly wait on processes and timers: four at a time
 # keep two cores busy.
-go test -race -count=1 -parallel 4 -timeout 15m "$@" ./...
+rc=0
+go test -race -count=1 -parallel 4 -timeout 15m "$@" ./... || rc=$?
 phase "go test -race (bench/peers)"
-(cd bench/peers && go test -race -count=1 -timeout 5m "$@" ./...)
-# Every fuzz target, 1000 executions past its seed corpus (FUZZ=0 skips
-# this; FUZZTIME=30s ./scripts/fuzz.sh explores longer).
-if [ "${FUZZ:-1}" != 0 ]; then
-	phase fuzz
-	./scripts/fuzz.sh
+(cd bench/peers && go test -race -count=1 -timeout 5m "$@" ./...) || rc=$?
+if [ -n "$fuzzpid" ]; then
+	phase "fuzz (started with the tests)"
+	fuzzrc=0
+	wait "$fuzzpid" || fuzzrc=$?
+	trap - EXIT
+	cat "$fuzzlog"
+	rm -f "$fuzzlog"
+	if [ "$fuzzrc" != 0 ]; then rc=$fuzzrc; fi
 fi
 phase done
+exit "$rc"
