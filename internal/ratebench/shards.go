@@ -270,6 +270,7 @@ func RunShards(ctx context.Context, cfg ShardConfig) (*ShardResult, error) {
 	if cluster.ctl.Mode() != rueidis.ClientModeCluster {
 		return nil, fmt.Errorf("%w: --store must be a Redis Cluster to compare with --single", ErrConfig)
 	}
+reps:
 	for i := range cfg.Reps {
 		rep := ShardRep{SingleFirst: i%2 == 0}
 		order := []*shardStore{single, cluster}
@@ -278,6 +279,9 @@ func RunShards(ctx context.Context, cfg ShardConfig) (*ShardResult, error) {
 		}
 		for _, st := range order {
 			ph, interrupted, err := measure(ctx, st.ctl, &st.sent, AlgoLlmgate, cfg.Limits, st.deciders, cfg.Config)
+			if err != nil && ctx.Err() != nil {
+				interrupted, err = true, nil // cut short in its warm-up
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", storeurl.Redact(st.url), err)
 			}
@@ -287,8 +291,10 @@ func RunShards(ctx context.Context, cfg ShardConfig) (*ShardResult, error) {
 				rep.Cluster = ph
 			}
 			if interrupted {
+				// The repetition cut short is left out; the medians
+				// cover those before it.
 				res.Interrupted = true
-				return res, nil
+				break reps
 			}
 		}
 		if rep.Single.DecisionsPerSec > 0 {
@@ -300,6 +306,9 @@ func RunShards(ctx context.Context, cfg ShardConfig) (*ShardResult, error) {
 		rep.BusiestShare = busiestShare(rep.Cluster.Masters)
 		res.Masters = len(rep.Cluster.Masters)
 		res.Reps = append(res.Reps, rep)
+	}
+	if len(res.Reps) == 0 {
+		return res, nil
 	}
 	med := func(f func(ShardRep) float64) float64 {
 		xs := make([]float64, len(res.Reps))
