@@ -8,6 +8,7 @@
 -- Returns {1, decision} admitted, or {0, decision} not (yet) admitted.
 local B, mode, id, raw = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local S = new_state(B)
+S.queueing = mode == 'q'
 local f = parse_spec(raw, 1)
 local lane = f[5]
 local q = B .. ':q:' .. lane
@@ -37,7 +38,9 @@ if not queued then
     return {1, d}
   end
   if mode == 'a' then
-    return {0, decision(S, f, false, wait, first)}
+    local d = decision(S, f, false, wait, first)
+    flush(S) -- what an expiry gave back (sweep_refunds), if anything
+    return {0, d}
   end
 end
 

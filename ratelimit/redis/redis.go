@@ -334,9 +334,15 @@ func (b *Backend) Settle(ctx context.Context, id string, actual []int64) error {
 	return b.settle(ctx, id, actual, "")
 }
 
-// Extend keeps an unsettled reservation alive for hold from now.
-func (b *Backend) Extend(ctx context.Context, id string, hold time.Duration) error {
-	n, err := extendScript.Exec(ctx, b.c, []string{b.base}, []string{id, strconv.FormatInt(hold.Milliseconds(), 10)}).AsInt64()
+// Extend keeps an unsettled reservation alive for hold from now, and
+// records used (when not empty) as what it has used so far.
+func (b *Backend) Extend(ctx context.Context, id string, hold time.Duration, used []int64) error {
+	args := make([]string, 2, 2+len(used))
+	args[0], args[1] = id, strconv.FormatInt(hold.Milliseconds(), 10)
+	for _, u := range used {
+		args = append(args, strconv.FormatInt(u, 10))
+	}
+	n, err := extendScript.Exec(ctx, b.c, []string{b.base}, args).AsInt64()
 	if err != nil {
 		return unavailable("extend", err)
 	}
