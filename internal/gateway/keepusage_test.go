@@ -24,7 +24,7 @@ import (
 // carries.
 type extendSpy struct {
 	ratelimit.Backend
-	mu   sync.Mutex        // protects used
+	mu   sync.Mutex         // protects used
 	used map[string][]int64 // by reservation, the usage of its last renewal ("nil" when none)
 }
 
