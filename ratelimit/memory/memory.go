@@ -724,10 +724,6 @@ func (b *Backend) admit(r *ratelimit.Request, queue bool, lease time.Duration) (
 		}
 	}
 	if mine != nil {
-		if queue {
-			// The waiter's hint (Enqueue returns RetryAfter as one).
-			mine.RetryAfter = b.soonerLocked(mine.RetryAfter, now)
-		}
 		return *mine, false, e
 	}
 	// Queued beyond the part of the lane a walk examines.
@@ -750,7 +746,8 @@ func (b *Backend) Enqueue(_ context.Context, r *ratelimit.Request, lease time.Du
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	d, ok, _ := b.admit(r, true, lease)
-	return d, ok, d.RetryAfter, nil
+	// Asked again when it fits, or when an expiry may give back what it needs.
+	return d, ok, b.soonerLocked(d.RetryAfter, b.clk.Now()), nil
 }
 
 // Await waits up to timeout for another caller's walk to admit r.

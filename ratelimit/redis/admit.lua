@@ -5,10 +5,11 @@
 -- ARGV[1] mode "a" or "q"   ARGV[2] request id   ARGV[3] spec (binary, see lib.lua)
 -- ARGV[4] priority          ARGV[5] waiter lease ms (mode "q")
 --
--- Returns {1, decision} admitted, or {0, decision} not (yet) admitted.
+-- Returns {1, decision} admitted, or {0, decision, hint_us} not (yet)
+-- admitted: hint_us, when there, is how long a waiter should sleep before it
+-- asks again (see sooner in lib.lua); without it, the decision's wait.
 local B, mode, id, raw = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local S = new_state(B)
-S.queueing = mode == 'q'
 local f = parse_spec(raw, 1)
 local lane = f[5]
 local q = B .. ':q:' .. lane
@@ -67,7 +68,7 @@ if mode == 'a' then
   dequeue(S, lane, id)
 end
 if mine then
-  return {0, mine[2]}
+  return {0, mine[2], mine[3]}
 end
 -- Queued beyond the part of the lane a walk examines.
 local _, _, first = evaluate(S, f, {})

@@ -513,7 +513,9 @@ end
 
 -- walk admits, in order, every waiter of lane that fits, and wakes each on
 -- its own list (except self, whose result is returned instead:
--- {admitted, decision, wait_us} or nil if self was not examined).
+-- {admitted, decision, hint_us} or nil if self was not examined; hint_us is
+-- how long self should sleep, sooner than the decision's wait when a
+-- reservation with recorded usage expires first).
 local function walk(S, lane, self)
   local q, ql = S.B .. ':q:' .. lane, S.B .. ':ql:' .. lane
   if S.wake then S.walked = S.walked or {}; S.walked[lane] = true end
@@ -547,9 +549,7 @@ local function walk(S, lane, self)
           redis.call('PEXPIRE', bl, 60000)
         end
         if id == self then
-          -- A waiter's decision is its hint too (Enqueue).
-          if S.queueing then wait = sooner(S, wait) end
-          mine = {false, decision(S, f, false, wait, first), wait}
+          mine = {false, decision(S, f, false, wait, first), sooner(S, wait)}
         elseif not headed and wait > 0 then
           hint(S, lane, id, f, sooner(S, wait), first)
         end
