@@ -55,6 +55,9 @@
 -- learned limits) as full buckets, drops a learned limit when it writes a bucket, does not know
 -- the new reservations (its Settle says unknown; they expire within their hold) and drops the
 -- new waiters it meets from its lane walks (they queue again when they renew).
+-- A version before recorded usage takes a "u" reservation for an unknown one (its Settle
+-- says so); the reservation is settled at its recorded usage by the first script of a
+-- version that knows, once it expired.
 -- Time comes from the server only.
 local MAXSCAN = 64  -- waiters examined per walk of a lane
 local MAXLANES = 32 -- lanes walked after a settle (the rest keep their mark for the next)
