@@ -11,7 +11,9 @@
 // the deployment's RPM and TPM and the tenant's RPM). The decision is atomic
 // over all of them: either every limit admits the request and all are
 // charged, or none is. Admission reserves the estimate; Settle charges or
-// refunds the difference once the real usage is known.
+// refunds the difference once the real usage is known. A reservation whose
+// caller dies expires after its Hold: its rate charges are then settled at
+// the usage its last Extend recorded, or stand as reserved if none did.
 //
 // Wait queues the request in its lane (by default its first charge's scope)
 // in priority then arrival order. Whenever capacity may have freed (a settle,
