@@ -413,8 +413,8 @@ func (q *localQuota) retireLocked(b *block) *block {
 // lapseAtLocked makes b go back to the store at t at the latest: requests
 // admitted from it that are still unsettled then count at their estimates
 // (or the usage their last Extend recorded), as an unsettled reservation
-// does in the store once its hold is over. Without it, callers that never settle would strand the unused
-// part of every block.
+// does in the store once its hold is over. Without it, callers that never
+// settle would strand the unused part of every block.
 func (q *localQuota) lapseAtLocked(b *block, t time.Time) {
 	if !t.After(b.deadline) {
 		return
