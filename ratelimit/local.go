@@ -511,7 +511,8 @@ func (q *localQuota) giveBack(ctx context.Context, b *block) {
 	}
 	q.mu.Unlock()
 	if err != nil && !errors.Is(err, ErrUnknownReservation) {
-		// The block's reservation expires by itself; its estimate stands.
+		// The block's reservation expires by itself, charged what the block
+		// had used at its last Extend, or as reserved if none came.
 		q.log.Warn("ratelimit: returning a local block failed; its unused part comes back when it expires", "err", err)
 	}
 }
