@@ -82,16 +82,17 @@ func (l *Lease) Context(parent context.Context) (context.Context, context.Cancel
 }
 
 // end records why the lease ended; the first cause wins (it reports
-// whether cause was the first). A loss is counted before Done closes, so
-// whoever sees the end sees it in the Locker's Stats.
-func (l *Lease) end(cause error) bool {
+// whether cause was the first).
+func (l *Lease) end(cause error, lost bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
 		return false
 	}
 	l.err = cause
-	if l.lost != nil && errors.Is(cause, ErrLost) {
+	// Counted before the holder hears of it, so that Stats already shows
+	// the loss to a holder that reads it on Done.
+	if lost && l.lost != nil {
 		l.lost.Add(1)
 	}
 	close(l.done)
@@ -108,7 +109,7 @@ func (l *Lease) lose(reason error) {
 	if releasing {
 		return
 	}
-	l.end(fmt.Errorf("%w: %q: %w", ErrLost, l.Key, reason))
+	l.end(fmt.Errorf("%w: %q: %w", ErrLost, l.Key, reason), true)
 }
 
 func (l *Lease) setReleasing(v bool) {
@@ -142,14 +143,14 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	switch {
 	case err == nil:
-		l.end(ErrReleased)
+		l.end(ErrReleased, false)
 	case errors.Is(err, ErrNotHeld):
 		l.setReleasing(false)
 		l.lose(ErrNotHeld)
 	default:
 		// We meant to let go: stop renewing so the lock frees itself
 		// within its TTL even though the store did not confirm.
-		l.end(fmt.Errorf("%w without confirmation (%w); the lock expires within its TTL", ErrReleased, err))
+		l.end(fmt.Errorf("%w without confirmation (%w); the lock expires within its TTL", ErrReleased, err), false)
 	}
 	return err
 }

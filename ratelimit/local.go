@@ -135,6 +135,7 @@ type block struct {
 type localHold struct {
 	blk     *block
 	cost    []int64
+	used    []int64 // per charge, the usage its last Extend recorded; nil if none
 	settled bool
 }
 
@@ -410,10 +411,10 @@ func (q *localQuota) retireLocked(b *block) *block {
 }
 
 // lapseAtLocked makes b go back to the store at t at the latest: requests
-// admitted from it that are still unsettled then count at their estimates,
-// as an unsettled reservation's estimate stands in the store once its hold
-// is over. Without it, callers that never settle would strand the unused
-// part of every block.
+// admitted from it that are still unsettled then count at their estimates
+// (or the usage their last Extend recorded), as an unsettled reservation
+// does in the store once its hold is over. Without it, callers that never
+// settle would strand the unused part of every block.
 func (q *localQuota) lapseAtLocked(b *block, t time.Time) {
 	if !t.After(b.deadline) {
 		return
@@ -469,15 +470,36 @@ func (q *localQuota) returnAsync(b *block) {
 	}()
 }
 
-// giveBack settles b in the store with what its requests used.
-func (q *localQuota) giveBack(ctx context.Context, b *block) {
-	q.mu.Lock()
+// usedLocked is what b's requests have used, as far as this replica
+// knows: the real costs of those settled, the usage recorded by Extend of
+// those running (their estimates when none was), nothing of the part of b
+// never handed out, and the whole reserved cost of forfeited charges.
+// q.mu must be held.
+func (q *localQuota) usedLocked(b *block) []int64 {
 	used := append([]int64(nil), b.used...)
+	for _, id := range b.ids {
+		if h := q.held[id]; h != nil && !h.settled && h.used != nil {
+			for i, u := range h.used {
+				used[i] += u - h.cost[i]
+			}
+		}
+	}
 	for i, f := range b.forfeit {
 		if f {
 			used[i] = b.cost[i]
 		}
 	}
+	for i := range used {
+		used[i] = max(used[i], 0)
+	}
+	return used
+}
+
+// giveBack settles b in the store with what its requests used (the
+// usage recorded of those still unsettled when it lapsed).
+func (q *localQuota) giveBack(ctx context.Context, b *block) {
+	q.mu.Lock()
+	used := q.usedLocked(b)
 	if b.lapse != nil {
 		b.lapse.Stop()
 	}
@@ -489,7 +511,8 @@ func (q *localQuota) giveBack(ctx context.Context, b *block) {
 	}
 	q.mu.Unlock()
 	if err != nil && !errors.Is(err, ErrUnknownReservation) {
-		// The block's reservation expires by itself; its estimate stands.
+		// The block's reservation expires by itself, charged what the block
+		// had used at its last Extend, or as reserved if none came.
 		q.log.Warn("ratelimit: returning a local block failed; its unused part comes back when it expires", "err", err)
 	}
 }
@@ -562,10 +585,21 @@ func (h *localHold) settleLocked(actual []int64) *block {
 	return b
 }
 
-// extend keeps the block of a locally admitted request alive for hold.
-func (q *localQuota) extend(ctx context.Context, id string, hold time.Duration) (handled bool, err error) {
+// extend keeps the block of a locally admitted request alive for hold,
+// recording used (when not nil) as what the request used so far. The
+// block's reservation is extended with what the whole block used (see
+// usedLocked), so that if this replica dies the store charges that.
+func (q *localQuota) extend(ctx context.Context, id string, hold time.Duration, used []int64) (handled bool, err error) {
 	q.mu.Lock()
 	h := q.held[id]
+	var blockUsed []int64
+	if h != nil && !h.settled {
+		if used != nil {
+			h.used = append(h.used[:0], h.cost...)
+			copy(h.used, used)
+		}
+		blockUsed = q.usedLocked(h.blk)
+	}
 	q.mu.Unlock()
 	switch {
 	case h == nil && strings.HasPrefix(id, localPrefix):
@@ -575,7 +609,7 @@ func (q *localQuota) extend(ctx context.Context, id string, hold time.Duration) 
 	case h.settled:
 		return true, ErrUnknownReservation
 	}
-	if err := q.b.Extend(ctx, h.blk.id, hold+returnMargin); err != nil {
+	if err := q.b.Extend(ctx, h.blk.id, hold+returnMargin, blockUsed); err != nil {
 		return true, err
 	}
 	q.mu.Lock()

@@ -11,7 +11,9 @@
 // the deployment's RPM and TPM and the tenant's RPM). The decision is atomic
 // over all of them: either every limit admits the request and all are
 // charged, or none is. Admission reserves the estimate; Settle charges or
-// refunds the difference once the real usage is known.
+// refunds the difference once the real usage is known. A reservation whose
+// caller dies expires after its Hold: its rate charges are then settled at
+// the usage its last Extend recorded, or stand as reserved if none did.
 //
 // Wait queues the request in its lane (by default its first charge's scope)
 // in priority then arrival order. Whenever capacity may have freed (a settle,
@@ -49,7 +51,8 @@ var (
 	// the bucket's burst, or a concurrency limit is below one.
 	ErrImpossible = errors.New("ratelimit: cost exceeds the limit")
 	// ErrUnknownReservation means Settle or Refund named a reservation that
-	// does not exist: never made, or expired unsettled (its estimate stands).
+	// does not exist: never made, or expired unsettled (its estimate, or
+	// the usage its last Extend recorded, stands).
 	ErrUnknownReservation = errors.New("ratelimit: unknown or expired reservation")
 	// ErrStoreUnavailable marks a store that could not be reached. Backends
 	// wrap their connection errors in it; the limits' fail-open / fail-closed
@@ -247,8 +250,13 @@ type Backend interface {
 	// A nil actual refunds every charge. Settling twice is a no-op.
 	Settle(ctx context.Context, id string, actual []int64) error
 	// Extend keeps an unsettled reservation and its permits alive for hold
-	// from now.
-	Extend(ctx context.Context, id string, hold time.Duration) error
+	// from now. used, when not empty, is what the request has used so far
+	// of each rate charge (same order as the request; a missing one counts
+	// as its reserved cost): should the reservation expire unsettled, its
+	// rate charges are settled at that, as Settle would, instead of
+	// standing as reserved. Without used, what an earlier Extend recorded
+	// is kept. An expired reservation is unknown to Settle.
+	Extend(ctx context.Context, id string, hold time.Duration, used []int64) error
 	// Cooldown blocks every charge on scope until d from now; it only ever
 	// moves the end of a cooldown later. It returns the time left.
 	Cooldown(ctx context.Context, scope string, d time.Duration) (time.Duration, error)
@@ -719,7 +727,8 @@ func (l *Limiter) giveUp(ctx context.Context, r *Request, last Decision) (Decisi
 // the reserved cost of charge i (Requests charges are normally left as
 // reserved; pass the same value). Concurrency permits are released. Settling
 // an ID twice is a no-op; an expired reservation gives ErrUnknownReservation
-// (its estimate stands).
+// and changes nothing (its estimate, or the usage its last Extend
+// recorded, stands).
 func (l *Limiter) Settle(ctx context.Context, id string, actual []int64) error {
 	if actual == nil {
 		actual = []int64{}
@@ -774,17 +783,33 @@ func (l *Limiter) Refund(ctx context.Context, id string) error {
 }
 
 // Extend keeps an unsettled reservation and its concurrency permits alive
-// for hold from now (long streams call it periodically).
-func (l *Limiter) Extend(ctx context.Context, id string, hold time.Duration) error {
+// for hold from now (long streams call it periodically). used, when given,
+// is what the request has used so far of each charge, in the order of
+// Settle's actual (a missing one counts as reserved): if the caller dies
+// and the reservation expires unsettled, its rate charges are settled at
+// that, and what was reserved beyond it goes back to the buckets. Without
+// used the reservation's estimate stands when it expires, which is the
+// safe rule when the provider may have done the whole work (a request
+// that is not streamed). A later Extend without used keeps what an
+// earlier one recorded.
+func (l *Limiter) Extend(ctx context.Context, id string, hold time.Duration, used ...int64) error {
 	if hold < time.Millisecond {
 		return fmt.Errorf("%w: hold %v below 1ms", ErrInvalid, hold)
 	}
+	for _, u := range used {
+		if u < 0 {
+			return fmt.Errorf("%w: negative usage %d", ErrInvalid, u)
+		}
+	}
+	if len(used) == 0 {
+		used = nil
+	}
 	if l.local != nil {
-		if handled, err := l.local.extend(ctx, id, hold); handled {
+		if handled, err := l.local.extend(ctx, id, hold, used); handled {
 			return err
 		}
 	}
-	return l.b.Extend(ctx, id, hold)
+	return l.b.Extend(ctx, id, hold, used)
 }
 
 // Cooldown makes every replica hold back requests on scope for d (a

@@ -506,7 +506,7 @@ func (sp *shardSplit) enqueue(ctx context.Context, todo []int, lease time.Durati
 	parallel(len(res), func(j int) {
 		if j >= len(todo) {
 			p := renew[j-len(todo)]
-			res[j].err = p.b.Extend(ctx, p.r.ID, p.r.Hold)
+			res[j].err = p.b.Extend(ctx, p.r.ID, p.r.Hold, nil)
 			return
 		}
 		p := sp.parts[todo[j]]
@@ -623,10 +623,11 @@ func (s *Sharded) Settle(ctx context.Context, id string, actual []int64) error {
 	})
 }
 
-// Extend extends every part of the reservation id, at once; see Backend.
-func (s *Sharded) Extend(ctx context.Context, id string, hold time.Duration) error {
-	return s.eachPart(id, func(b Backend, rid string, _ int, _ string) error {
-		return b.Extend(ctx, rid, hold)
+// Extend extends every part of the reservation id, at once, each with the
+// usage of its own charges; see Backend.
+func (s *Sharded) Extend(ctx context.Context, id string, hold time.Duration, used []int64) error {
+	return s.eachPart(id, func(b Backend, rid string, k int, index string) error {
+		return b.Extend(ctx, rid, hold, subActual(used, index, k))
 	})
 }
 

@@ -24,7 +24,7 @@ for f in $files; do
 		# failing input under testdata/fuzz is retried once; one that
 		# writes one fails at once.
 		for try in 1 2; do
-			if go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" "$dir" >/tmp/fuzz.$$.log 2>&1; then
+			if go test -run '^$' -parallel 1 -fuzz "^${target}\$" -fuzztime "$FUZZTIME" "$dir" >/tmp/fuzz.$$.log 2>&1; then
 				break
 			fi
 			if [ "$try" = 2 ] || grep -q 'Failing input written' /tmp/fuzz.$$.log; then

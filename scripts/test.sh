@@ -43,15 +43,34 @@ phase staticcheck
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 (cd bench/peers && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...)
 phase go test -race
-# The end-to-end tests mostly wait on processes and timers: four at a time
-# keep two cores busy.
-go test -race -count=1 -parallel 4 -timeout 15m "$@" ./...
-phase "go test -race (bench/peers)"
-(cd bench/peers && go test -race -count=1 -timeout 5m "$@" ./...)
-# Every fuzz target, 1000 executions past its seed corpus (FUZZ=0 skips
-# this; FUZZTIME=30s ./scripts/fuzz.sh explores longer).
+# Three things run at once: the tests mostly wait on processes and timers,
+# while the fuzzers' instrumented builds and bench/peers' build keep the
+# cores busy meanwhile.
+# Every fuzz target explores 1000 executions past its seed corpus (FUZZ=0
+# skips this; FUZZTIME=30s ./scripts/fuzz.sh explores longer), in a process
+# group of its own, so that an early exit stops the fuzzers too.
+fuzzpid=""
 if [ "${FUZZ:-1}" != 0 ]; then
-	phase fuzz
-	./scripts/fuzz.sh
+	fuzzlog="$(mktemp)"
+	setsid ./scripts/fuzz.sh >"$fuzzlog" 2>&1 &
+	fuzzpid=$!
 fi
+peerslog="$(mktemp)"
+(cd bench/peers && exec setsid go test -race -count=1 -timeout 5m "$@" ./...) >"$peerslog" 2>&1 &
+peerspid=$!
+trap 'kill -- -"$peerspid" ${fuzzpid:+-"$fuzzpid"} 2>/dev/null || true' EXIT
+# Four end-to-end tests at a time, and four packages: two cores stay busy.
+rc=0
+go test -race -count=1 -p 4 -parallel 4 -timeout 15m "$@" ./... || rc=$?
+phase "go test -race (bench/peers, started with the tests)"
+wait "$peerspid" || rc=$?
+cat "$peerslog"
+if [ -n "$fuzzpid" ]; then
+	phase "fuzz (started with the tests)"
+	wait "$fuzzpid" || rc=$?
+	cat "$fuzzlog"
+fi
+trap - EXIT
+rm -f "$peerslog" ${fuzzlog:+"$fuzzlog"}
 phase done
+exit "$rc"

@@ -16,6 +16,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -24,7 +25,7 @@ import (
 // anthropic.
 func anthropicYAML(t *testing.T, cfg gatewayConfig) string {
 	t.Helper()
-	y := cfg.yaml()
+	y := cfg.YAML()
 	const anchor = "  - name: sim\n"
 	if strings.Count(y, anchor) != 1 {
 		t.Fatalf("provider sim not found in:\n%s", y)
@@ -33,8 +34,8 @@ func anthropicYAML(t *testing.T, cfg gatewayConfig) string {
 }
 
 // anthropicSDK is an official Anthropic SDK client for the replica.
-func (r *replica) anthropicSDK(key string) anthropic.Client {
-	return anthropic.NewClient(aoption.WithBaseURL(r.url), aoption.WithAPIKey(key), aoption.WithMaxRetries(0), aoption.WithHTTPClient(e2eHTTP))
+func anthropicSDK(r *replica, key string) anthropic.Client {
+	return anthropic.NewClient(aoption.WithBaseURL(r.URL), aoption.WithAPIKey(key), aoption.WithMaxRetries(0), aoption.WithHTTPClient(e2eutil.HTTP))
 }
 
 // TestE2EAnthropicReplicasShareTokenLimits: three replicas on one Redis
@@ -46,7 +47,7 @@ func TestE2EAnthropicReplicasShareTokenLimits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a burst of a few hundred requests over about 15s; runs without -short")
 	}
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		model     = "claude-sonnet-4-5"
 		warmModel = "claude-haiku-4-5"
@@ -58,14 +59,14 @@ func TestE2EAnthropicReplicasShareTokenLimits(t *testing.T) {
 		maxWait   = 2 * time.Second
 	)
 	rds := testutil.StartRedis(t)
-	s := newE2ESim(t, sim.Config{Models: []string{model, warmModel}, ITPM: itpm, OTPM: otpm, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicasYAML(t, 3, anthropicYAML(t, gatewayConfig{
+	s := newE2ESim(t, sim.Config{Models: []string{model, warmModel}, ITPM: itpm, OTPM: otpm, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicasYAML(t, 3, anthropicYAML(t, gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, Models: []string{model, warmModel}, LogLevel: "info",
 		Limits: fmt.Sprintf("{itpm: %d, otpm: %d}", itpm, otpm), MaxWait: maxWait.String(), RequestTimeout: "60s",
 	}))
 	sdks := make([]anthropic.Client, len(reps))
 	for i, r := range reps {
-		sdks[i] = r.anthropicSDK(e2eTenantKey)
+		sdks[i] = anthropicSDK(r, e2eutil.TenantKey)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
@@ -80,7 +81,7 @@ func TestE2EAnthropicReplicasShareTokenLimits(t *testing.T) {
 		p := params("warm-up")
 		p.Model = warmModel
 		if _, err := c.Messages.New(ctx, p); err != nil {
-			t.Fatalf("warm-up via %s: %v", reps[i].name, err)
+			t.Fatalf("warm-up via %s: %v", reps[i].Name, err)
 		}
 	}
 	first, err := sdks[0].Messages.New(ctx, params("first"))

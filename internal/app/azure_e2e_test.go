@@ -10,6 +10,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 )
 
@@ -18,18 +19,18 @@ import (
 // the OpenAI SDK's chat completions through llmgate serve.
 func TestE2EAzureProvider(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
-	s := newE2ESim(t, sim.Config{APIKeys: []string{e2eProviderKey}, AzureDeployments: map[string]string{"prod-41": "gpt-4.1"}})
-	y := gatewayConfig{Store: "memory", SimURL: s.url, LogLevel: "info"}.yaml()
+	e2eutil.LogRuntime(t)
+	s := newE2ESim(t, sim.Config{APIKeys: []string{e2eutil.ProviderKey}, AzureDeployments: map[string]string{"prod-41": "gpt-4.1"}})
+	y := gatewayConfig{Store: "memory", SimURL: s.url, LogLevel: "info"}.YAML()
 	y = strings.Replace(y, "  - name: sim\n    base_url: "+s.url+"\n",
 		"  - name: sim\n    type: azure\n    base_url: "+strings.TrimSuffix(s.url, "/v1")+"\n    api_version: 2024-10-21\n    deployments: {gpt-4.1: prod-41}\n", 1)
 	if !strings.Contains(y, "type: azure") {
 		t.Fatalf("configuration not rewritten:\n%s", y)
 	}
-	r := startReplicasYAML(t, 1, y)[0]
+	r := e2eutil.StartReplicasYAML(t, 1, y)[0]
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	c := r.sdk(e2eTenantKey)
+	c := r.SDK(e2eutil.TenantKey)
 	got, err := c.Chat.Completions.New(ctx, chatParams("hello", 8))
 	if err != nil || got.Model != "gpt-4.1" || got.Usage.PromptTokens == 0 {
 		t.Fatalf("%v %+v", err, got)

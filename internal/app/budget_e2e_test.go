@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -27,7 +28,7 @@ import (
 // everyone behind it.
 func TestE2EBudgetUsedUnderOverDemand(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		budgetTokens = 2500
 		// 180 requests at once, each about 45 tokens: three times what
@@ -37,21 +38,21 @@ func TestE2EBudgetUsedUnderOverDemand(t *testing.T) {
 	)
 	rds := testutil.StartRedis(t)
 	// Slow enough tokens that requests overlap and hold estimates at once.
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: 2 * time.Millisecond, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 3, gatewayConfig{
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: 2 * time.Millisecond, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, LogLevel: "info",
 		Budget: fmt.Sprintf("{period: day, tokens: %d}", budgetTokens),
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 
-	stopObs := observeSpend(ctx, reps, "team-a")
+	stopObs := e2eutil.ObserveSpend(ctx, reps, "team-a")
 
 	var answered, refused, served atomic.Int64
 	errs := make(chan error, len(reps)*perReplica)
 	var wg sync.WaitGroup
 	for ri, r := range reps {
-		c := r.sdk(e2eTenantKey)
+		c := r.SDK(e2eutil.TenantKey)
 		for k := range perReplica {
 			wg.Go(func() {
 				for n := range perClient {
@@ -62,7 +63,7 @@ func TestE2EBudgetUsedUnderOverDemand(t *testing.T) {
 						continue
 					}
 					if e := sdkError(err); e == nil || e.StatusCode != http.StatusTooManyRequests || e.Code != "insufficient_quota" {
-						errs <- fmt.Errorf("%s: %w", r.name, err)
+						errs <- fmt.Errorf("%s: %w", r.Name, err)
 						return
 					}
 					// x-should-retry: false; a client gives up.
@@ -78,7 +79,7 @@ func TestE2EBudgetUsedUnderOverDemand(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	spent, holds := waitSettled(t, ctx, reps[0])
+	spent, holds := e2eutil.WaitSettled(t, ctx, reps[0], "team-a")
 	total := int64(len(reps) * perReplica * perClient)
 	t.Logf("%d of %d requests answered (%d tokens), %d refused; spent %d of %d tokens (%.1f%%), highest sample %d",
 		answered.Load(), total, served.Load(), refused.Load(), spent, budgetTokens, 100*float64(spent)/budgetTokens, maxSeen)

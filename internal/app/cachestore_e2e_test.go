@@ -11,6 +11,7 @@ import (
 
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -22,18 +23,18 @@ import (
 // upstream, and /metrics counts the cache store's errors under its own
 // label; /readyz still answers 200.
 func TestE2ECacheOwnStore(t *testing.T) {
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	coord := testutil.StartRedis(t)
-	cacheRedis := testutil.StartRedisArgs(t, "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru", "--requirepass", e2eRedisPass)
-	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
-	cacheURL := "redis://:" + e2eRedisPass + "@" + cacheRedis.Addr
-	reps := startReplicasYAML(t, 1, tenantYAML(t,
-		gatewayConfig{Store: coord.URL(), SimURL: s.url, LogLevel: "info", Extra: "cache: {store: \"" + cacheURL + "\"}\n"},
+	cacheRedis := testutil.StartRedisArgs(t, "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru", "--requirepass", e2eutil.RedisPass)
+	s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
+	cacheURL := "redis://:" + e2eutil.RedisPass + "@" + cacheRedis.Addr
+	reps := e2eutil.StartReplicasYAML(t, 1, e2eutil.TenantYAML(t,
+		gatewayConfig{Store: coord.URL(), SimURL: s.URL, LogLevel: "info", Extra: "cache: {store: \"" + cacheURL + "\"}\n"},
 		"    cache: {ttl: 1m}\n"))
 	r := reps[0]
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	client := r.sdk(e2eTenantKey)
+	client := r.SDK(e2eutil.TenantKey)
 	// ask sends one chat completion with the official SDK and returns the
 	// answer's x-llmgate-cache.
 	ask := func(prompt string) string {
@@ -59,7 +60,7 @@ func TestE2ECacheOwnStore(t *testing.T) {
 	}
 	metric := func(series string) float64 {
 		t.Helper()
-		v, err := r.metric(ctx, series)
+		v, err := r.Metric(ctx, series)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,8 +70,8 @@ func TestE2ECacheOwnStore(t *testing.T) {
 		t.Fatalf("first request: x-llmgate-cache %q, want miss", got)
 	}
 	waitUntil(t, 10*time.Second, "the answer is in the cache store", func() bool { return keys(cacheRedis, "llmgate:cache:*:e:*") == 1 })
-	if got := ask("cache me"); got != "hit" || s.count() != 1 {
-		t.Fatalf("second request: x-llmgate-cache %q, %d upstream calls; want a hit and 1", got, s.count())
+	if got := ask("cache me"); got != "hit" || s.Count() != 1 {
+		t.Fatalf("second request: x-llmgate-cache %q, %d upstream calls; want a hit and 1", got, s.Count())
 	}
 	if n := keys(coord, "llmgate:cache:*"); n != 0 {
 		t.Errorf("the coordination Redis holds %d cache keys", n)
@@ -87,8 +88,8 @@ func TestE2ECacheOwnStore(t *testing.T) {
 			t.Fatalf("with the cache store down, request %d: x-llmgate-cache %q, want miss", i, got)
 		}
 	}
-	if s.count() != 3 {
-		t.Errorf("%d upstream calls, want 3: both requests went upstream", s.count())
+	if s.Count() != 3 {
+		t.Errorf("%d upstream calls, want 3: both requests went upstream", s.Count())
 	}
 	if n := metric(`llmgate_store_errors_total{component="cache",store="cache"}`); n < 1 {
 		t.Errorf(`llmgate_store_errors_total{component="cache",store="cache"} = %v, want at least 1`, n)
@@ -100,10 +101,10 @@ func TestE2ECacheOwnStore(t *testing.T) {
 		t.Errorf(`llmgate_store_up{store="coordination"} = %v, want 1`, up)
 	}
 	var ready struct{ Status, Cache string }
-	if err := r.get(ctx, "/readyz", "", &ready); err != nil || ready.Status != "ready" || ready.Cache != "off" {
+	if err := r.Get(ctx, "/readyz", "", &ready); err != nil || ready.Status != "ready" || ready.Cache != "off" {
 		t.Errorf("/readyz with the cache store down: %+v %v; want ready, cache off", ready, err)
 	}
-	if out := r.stderr.String(); !strings.Contains(out, "cache lookup failed") {
+	if out := r.Stderr.String(); !strings.Contains(out, "cache lookup failed") {
 		t.Errorf("the failed lookup was not logged:\n%s", out)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 )
 
@@ -26,7 +27,7 @@ import (
 // headOf is the start of a chat request with the tenant key and body
 // length n.
 func headOf(n int) string {
-	return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", e2eTenantKey, n)
+	return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", e2eutil.TenantKey, n)
 }
 
 // TestE2EEdgeSlowBody: a client that trickles its body gets a 408 once
@@ -35,10 +36,10 @@ func TestE2EEdgeSlowBody(t *testing.T) {
 	t.Parallel()
 	const bodyTimeout = time.Second
 	s := newE2ESim(t, sim.Config{})
-	r := launchReplica(t, "edge-slowbody", gatewayConfig{Store: "memory", SimURL: s.url,
+	r := e2eutil.LaunchReplica(t, "edge-slowbody", gatewayConfig{Store: "memory", SimURL: s.url,
 		Extra: fmt.Sprintf("server: {body_timeout: %v}\n", bodyTimeout)})
-	r.waitReady(t)
-	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	r.WaitReady(t)
+	c, err := net.Dial("tcp", strings.TrimPrefix(r.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func TestE2EEdgeSlowBody(t *testing.T) {
 		t.Errorf("the connection stayed open after the 408 (read: %v)", err)
 	}
 	t.Logf("408 after %v", took.Round(time.Millisecond))
-	if v, err := r.metric(t.Context(), `llmgate_client_timeouts_total{kind="body"}`); err != nil || v < 1 {
+	if v, err := r.Metric(t.Context(), `llmgate_client_timeouts_total{kind="body"}`); err != nil || v < 1 {
 		t.Errorf("llmgate_client_timeouts_total{kind=\"body\"} = %v (%v), want at least 1", v, err)
 	}
 	if all, _ := s.Arrivals("gpt-4.1"); len(all) != 0 {
@@ -108,10 +109,10 @@ func TestE2EEdgeClientStopsReading(t *testing.T) {
 		}
 	}))
 	t.Cleanup(up.Close)
-	r := launchReplica(t, "edge-noread", gatewayConfig{Store: "memory", SimURL: up.URL + "/v1",
+	r := e2eutil.LaunchReplica(t, "edge-noread", gatewayConfig{Store: "memory", SimURL: up.URL + "/v1",
 		Extra: "server: {stream_write_timeout: 1s}\n"})
-	r.waitReady(t)
-	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	r.WaitReady(t)
+	c, err := net.Dial("tcp", strings.TrimPrefix(r.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,7 @@ func TestE2EEdgeClientStopsReading(t *testing.T) {
 	}
 	t.Logf("the upstream call ended %v after the request", time.Unix(0, ended.Load()).Sub(start).Round(time.Millisecond))
 	c.Close()
-	if v, err := r.metric(t.Context(), `llmgate_client_timeouts_total{kind="write"}`); err != nil || v < 1 {
+	if v, err := r.Metric(t.Context(), `llmgate_client_timeouts_total{kind="write"}`); err != nil || v < 1 {
 		t.Errorf("llmgate_client_timeouts_total{kind=\"write\"} = %v (%v), want at least 1", v, err)
 	}
 }
@@ -144,11 +145,11 @@ func TestE2EEdgeClientStopsReading(t *testing.T) {
 func TestE2EEdgeConnectionCap(t *testing.T) {
 	t.Parallel()
 	s := newE2ESim(t, sim.Config{})
-	r := launchReplica(t, "edge-conncap-in", gatewayConfig{Store: "memory", SimURL: s.url,
+	r := e2eutil.LaunchReplica(t, "edge-conncap-in", gatewayConfig{Store: "memory", SimURL: s.url,
 		Extra: "server: {max_connections: 3}\n"})
-	r.waitReady(t)
-	e2eHTTP.CloseIdleConnections() // waitReady's connection
-	addr := strings.TrimPrefix(r.url, "http://")
+	r.WaitReady(t)
+	e2eutil.HTTP.CloseIdleConnections() // waitReady's connection
+	addr := strings.TrimPrefix(r.URL, "http://")
 	// healthy makes one keep-alive request on c: it is surely accepted.
 	healthy := func(c net.Conn) error {
 		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
@@ -225,7 +226,7 @@ func TestE2EEdgeConnectionCap(t *testing.T) {
 	// The metrics need a connection of their own: poll until one is free.
 	deadline = time.Now().Add(20 * time.Second)
 	for {
-		v, err := r.metric(t.Context(), "llmgate_connections_rejected_total")
+		v, err := r.Metric(t.Context(), "llmgate_connections_rejected_total")
 		if err == nil {
 			if v < 1 {
 				t.Errorf("llmgate_connections_rejected_total = %v, want at least 1", v)
@@ -257,14 +258,14 @@ func TestE2EEdgeSecretsEchoed(t *testing.T) {
 		fmt.Fprintf(w, `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-4.1","choices":[{"index":0,"message":{"role":"assistant","content":"your key is %s"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`, key)
 	}))
 	t.Cleanup(up.Close)
-	r := launchReplica(t, "edge-echo", gatewayConfig{Store: "memory", SimURL: up.URL + "/v1", MaxAttempts: 1})
-	r.waitReady(t)
+	r := e2eutil.LaunchReplica(t, "edge-echo", gatewayConfig{Store: "memory", SimURL: up.URL + "/v1", MaxAttempts: 1})
+	r.WaitReady(t)
 	for _, prompt := range []string{"fail", "succeed"} {
 		body := strings.Replace(chatBody, `"hi"`, `"`+prompt+`"`, 1)
-		resp, b := r.post(t, t.Context(), "/v1/chat/completions", e2eTenantKey, body)
+		resp, b := r.Post(t, t.Context(), "/v1/chat/completions", e2eutil.TenantKey, body)
 		var hdr strings.Builder
 		_ = resp.Header.Write(&hdr)
-		assertNoSecrets(t, prompt+": answer", hdr.String()+string(b))
+		e2eutil.AssertNoSecrets(t, prompt+": answer", hdr.String()+string(b))
 		if !strings.Contains(string(b), "[redacted]") || !strings.Contains(resp.Header.Get("X-Echo"), "[redacted]") {
 			t.Errorf("%s: the echoed key is not marked redacted: %s %s", prompt, resp.Header.Get("X-Echo"), b)
 		}
@@ -278,14 +279,14 @@ func TestE2EEdgeMetricsToken(t *testing.T) {
 	const token = "e2e-metrics-token-3b7f1a90"
 	s := newE2ESim(t, sim.Config{})
 	get := func(r *replica, tok string) (int, string) {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, r.url+"/metrics", nil)
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, r.URL+"/metrics", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if tok != "" {
 			req.Header.Set("Authorization", "Bearer "+tok)
 		}
-		resp, err := e2eHTTP.Do(req)
+		resp, err := e2eutil.HTTP.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,11 +297,11 @@ func TestE2EEdgeMetricsToken(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "metrics.yaml")
 	cfg := gatewayConfig{Store: "memory", SimURL: s.url,
 		Extra: "metrics_token_env: E2E_METRICS_TOKEN\nstate_dir: " + t.TempDir() + "\n"}
-	if err := os.WriteFile(path, []byte(cfg.yaml()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(cfg.YAML()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	locked := launchServe(t, "edge-metrics-token", append(append([]string(nil), e2eEnv...), "E2E_METRICS_TOKEN="+token), "--config", path)
-	locked.waitReady(t)
+	locked := e2eutil.Launch(t, "edge-metrics-token", append(append([]string(nil), e2eutil.Env...), "E2E_METRICS_TOKEN="+token), "--config", path)
+	locked.WaitReady(t)
 	for _, tok := range []string{"", "wrong-token-123456"} {
 		code, b := get(locked, tok)
 		if code != http.StatusUnauthorized || !strings.Contains(b, "invalid_metrics_token") {
@@ -310,13 +311,13 @@ func TestE2EEdgeMetricsToken(t *testing.T) {
 	if code, b := get(locked, token); code != 200 || !strings.Contains(b, "llmgate_connections_open") {
 		t.Errorf("/metrics with the token: %d", code)
 	}
-	assertNoSecrets(t, "logs", strings.ReplaceAll(locked.stderr.String(), token, "<SECRET>"))
-	if strings.Contains(locked.stderr.String(), token) {
+	e2eutil.AssertNoSecrets(t, "logs", strings.ReplaceAll(locked.Stderr.String(), token, "<SECRET>"))
+	if strings.Contains(locked.Stderr.String(), token) {
 		t.Error("the metrics token appears in the logs")
 	}
 
-	open := launchReplica(t, "edge-metrics-open", gatewayConfig{Store: "memory", SimURL: s.url, Extra: "state_dir: " + t.TempDir() + "\n"})
-	open.waitReady(t)
+	open := e2eutil.LaunchReplica(t, "edge-metrics-open", gatewayConfig{Store: "memory", SimURL: s.url, Extra: "state_dir: " + t.TempDir() + "\n"})
+	open.WaitReady(t)
 	if code, _ := get(open, ""); code != 200 {
 		t.Errorf("/metrics without metrics_token_env: %d, want 200", code)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/llmgate/llmgate/internal/config"
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 )
 
@@ -84,10 +85,10 @@ func readResponses(t *testing.T, out string) []*http.Response {
 func TestE2EEdgeClientFraming(t *testing.T) {
 	t.Parallel()
 	s := newE2ESim(t, sim.Config{})
-	r := launchReplica(t, "edge-framing", gatewayConfig{Store: "memory", SimURL: s.url})
-	r.waitReady(t)
-	addr := strings.TrimPrefix(r.url, "http://")
-	head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + e2eTenantKey + "\r\nContent-Type: application/json\r\n"
+	r := e2eutil.LaunchReplica(t, "edge-framing", gatewayConfig{Store: "memory", SimURL: s.url})
+	r.WaitReady(t)
+	addr := strings.TrimPrefix(r.URL, "http://")
+	head := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + e2eutil.TenantKey + "\r\nContent-Type: application/json\r\n"
 	chunked := head + "Transfer-Encoding: chunked\r\n\r\n" + strconv.FormatInt(int64(len(chatBody)), 16) + "\r\n" + chatBody + "\r\n"
 	// Only against a gateway that keeps the connection open: a slow
 	// answer is read whole.
@@ -217,10 +218,10 @@ func TestE2EEdgeEndlessUpstreamHeaders(t *testing.T) {
 					}
 				}
 			})
-			r := launchReplica(t, "edge-headers", gatewayConfig{Store: "memory", SimURL: up, MaxAttempts: 1})
-			r.waitReady(t)
+			r := e2eutil.LaunchReplica(t, "edge-headers", gatewayConfig{Store: "memory", SimURL: up, MaxAttempts: 1})
+			r.WaitReady(t)
 			start := time.Now()
-			resp, body := r.post(t, t.Context(), "/v1/chat/completions", e2eTenantKey, chatBody)
+			resp, body := r.Post(t, t.Context(), "/v1/chat/completions", e2eutil.TenantKey, chatBody)
 			took := time.Since(start)
 			if resp.StatusCode != http.StatusBadGateway {
 				t.Fatalf("status %d, want 502: %s", resp.StatusCode, body)
@@ -228,7 +229,7 @@ func TestE2EEdgeEndlessUpstreamHeaders(t *testing.T) {
 			if n := len(resp.Header); n > 20 {
 				t.Errorf("the answer has %d headers: the flood was relayed", n)
 			}
-			peak := vmHWM(t, r.cmd.Process.Pid)
+			peak := vmHWM(t, r.Cmd.Process.Pid)
 			t.Logf("502 after %v; gateway peak RSS %d MiB", took.Round(time.Millisecond), peak>>20)
 			if peak > 256<<20 {
 				t.Errorf("gateway peak RSS %d MiB, want under 256 MiB", peak>>20)
@@ -264,13 +265,13 @@ func TestE2EEdgeNoHiddenReplay(t *testing.T) {
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer)
 		}
 	})
-	r := launchReplica(t, "edge-replay", gatewayConfig{Store: "memory", SimURL: up, MaxAttempts: 1})
-	r.waitReady(t)
-	if resp, body := r.post(t, t.Context(), "/v1/chat/completions", e2eTenantKey, chatBody); resp.StatusCode != 200 {
+	r := e2eutil.LaunchReplica(t, "edge-replay", gatewayConfig{Store: "memory", SimURL: up, MaxAttempts: 1})
+	r.WaitReady(t)
+	if resp, body := r.Post(t, t.Context(), "/v1/chat/completions", e2eutil.TenantKey, chatBody); resp.StatusCode != 200 {
 		t.Fatalf("first request: %d %s", resp.StatusCode, body)
 	}
 	second := strings.Replace(chatBody, `"hi"`, `"second"`, 1)
-	resp, body := r.post(t, t.Context(), "/v1/chat/completions", e2eTenantKey, second)
+	resp, body := r.Post(t, t.Context(), "/v1/chat/completions", e2eutil.TenantKey, second)
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Errorf("second request: %d %s, want 502", resp.StatusCode, body)
 	}
@@ -316,7 +317,7 @@ func TestE2EEdgeUpstreamHTTP2AndConnCap(t *testing.T) {
 		errs := make(chan string, n)
 		for range n {
 			wg.Go(func() {
-				resp, body, err := r.tryPost(t.Context(), "/v1/chat/completions", e2eTenantKey, chatBody)
+				resp, body, err := r.TryPost(t.Context(), "/v1/chat/completions", e2eutil.TenantKey, chatBody)
 				if err != nil {
 					errs <- err.Error()
 				} else if resp.StatusCode != 200 {
@@ -352,17 +353,17 @@ func TestE2EEdgeUpstreamHTTP2AndConnCap(t *testing.T) {
 			t.Fatal(err)
 		}
 		path := filepath.Join(t.TempDir(), "edge-h2.yaml")
-		if err := os.WriteFile(path, []byte(gatewayConfig{Store: "memory", SimURL: up.URL + "/v1"}.yaml()), 0o600); err != nil {
+		if err := os.WriteFile(path, []byte(gatewayConfig{Store: "memory", SimURL: up.URL + "/v1"}.YAML()), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		r := launchServe(t, "edge-h2", append(append([]string(nil), e2eEnv...), "SSL_CERT_FILE="+ca), "--config", path)
-		r.waitReady(t)
+		r := e2eutil.Launch(t, "edge-h2", append(append([]string(nil), e2eutil.Env...), "SSL_CERT_FILE="+ca), "--config", path)
+		r.WaitReady(t)
 		// One request first: net/http dials once per request while no
 		// connection to a host is up yet (a cold burst is bounded by
 		// max_conns_per_host, tested below); once one is, HTTP/2 carries
 		// the burst.
 		arrived.Store(-1)
-		if resp, body := r.post(t, t.Context(), "/v1/chat/completions", e2eTenantKey, chatBody); resp.StatusCode != 200 {
+		if resp, body := r.Post(t, t.Context(), "/v1/chat/completions", e2eutil.TenantKey, chatBody); resp.StatusCode != 200 {
 			t.Fatalf("first request: %d %s", resp.StatusCode, body)
 		}
 		burst(t, r)
@@ -390,13 +391,13 @@ func TestE2EEdgeUpstreamHTTP2AndConnCap(t *testing.T) {
 		up.Start()
 		t.Cleanup(up.Close)
 		path := filepath.Join(t.TempDir(), "edge-conncap.yaml")
-		yaml := gatewayConfig{Store: "memory", SimURL: up.URL + "/v1"}.yaml()
+		yaml := gatewayConfig{Store: "memory", SimURL: up.URL + "/v1"}.YAML()
 		yaml = strings.Replace(yaml, "upstream:\n", fmt.Sprintf("upstream:\n  max_conns_per_host: %d\n", cap), 1)
 		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		r := launchServe(t, "edge-conncap", e2eEnv, "--config", path)
-		r.waitReady(t)
+		r := e2eutil.Launch(t, "edge-conncap", e2eutil.Env, "--config", path)
+		r.WaitReady(t)
 		burst(t, r)
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -423,10 +424,10 @@ func TestE2EEdgeEarlyUpstreamAnswer(t *testing.T) {
 		http.Error(w, "expected a large body", http.StatusTeapot)
 	}))
 	t.Cleanup(up.Close)
-	r := launchReplica(t, "edge-early", gatewayConfig{Store: "memory", SimURL: up.URL + "/v1"})
-	r.waitReady(t)
+	r := e2eutil.LaunchReplica(t, "edge-early", gatewayConfig{Store: "memory", SimURL: up.URL + "/v1"})
+	r.WaitReady(t)
 	big := `{"model":"gpt-4.1","max_tokens":8,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 1<<20) + `"}]}`
-	resp, body := r.post(t, t.Context(), "/v1/chat/completions", e2eTenantKey, big)
+	resp, body := r.Post(t, t.Context(), "/v1/chat/completions", e2eutil.TenantKey, big)
 	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(body), "request_too_large") {
 		t.Fatalf("status %d %s; want the provider's 413", resp.StatusCode, body)
 	}
@@ -452,10 +453,10 @@ func TestE2EEdgeServeTLS(t *testing.T) {
 	cfg := gatewayConfig{Store: "memory", SimURL: s.url,
 		Extra: fmt.Sprintf("server: {tls_cert_file: %s, tls_key_file: %s}\n", cert, key)}
 	path := filepath.Join(dir, "tls.yaml")
-	if err := os.WriteFile(path, []byte(cfg.yaml()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(cfg.YAML()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := launchServe(t, "edge-tls", e2eEnv, "--config", path)
+	r := e2eutil.Launch(t, "edge-tls", e2eutil.Env, "--config", path)
 	addr := waitListening(t, r, regexp.MustCompile(`llmgate gateway listening.*addr=https://(127\.0\.0\.1:[0-9]+)/v1`))
 
 	pool := x509.NewCertPool()
@@ -468,7 +469,7 @@ func TestE2EEdgeServeTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+e2eTenantKey)
+	req.Header.Set("Authorization", "Bearer "+e2eutil.TenantKey)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
@@ -480,7 +481,7 @@ func TestE2EEdgeServeTLS(t *testing.T) {
 		t.Fatalf("%s %d: %s; want 200 over HTTP/2", resp.Proto, resp.StatusCode, body)
 	}
 
-	sdk := openai.NewClient(option.WithBaseURL("https://"+addr+"/v1/"), option.WithAPIKey(e2eTenantKey),
+	sdk := openai.NewClient(option.WithBaseURL("https://"+addr+"/v1/"), option.WithAPIKey(e2eutil.TenantKey),
 		option.WithMaxRetries(0), option.WithHTTPClient(client))
 	st := sdk.Chat.Completions.NewStreaming(ctx, chatParams("hello over TLS", 8))
 	chunks := 0
@@ -496,19 +497,19 @@ func TestE2EEdgeServeTLS(t *testing.T) {
 // re captures.
 func waitListening(t *testing.T, r *replica, re *regexp.Regexp) string {
 	t.Helper()
-	deadline := time.NewTimer(replicaStartup)
+	deadline := time.NewTimer(e2eutil.ReplicaStartup)
 	defer deadline.Stop()
 	for {
-		have, changed := r.stderr.Snapshot()
+		have, changed := r.Stderr.Snapshot()
 		if m := re.FindStringSubmatch(have); m != nil {
 			return m[1]
 		}
 		select {
 		case <-changed:
-		case <-r.done:
-			t.Fatalf("%s exited before listening: %s", r.name, r.stderr.String())
+		case <-r.Done:
+			t.Fatalf("%s exited before listening: %s", r.Name, r.Stderr.String())
 		case <-deadline.C:
-			t.Fatalf("%s did not listen within %v: %s", r.name, replicaStartup, r.stderr.String())
+			t.Fatalf("%s did not listen within %v: %s", r.Name, e2eutil.ReplicaStartup, r.Stderr.String())
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/llmgate/llmgate/budget"
 	budgetredis "github.com/llmgate/llmgate/budget/redis"
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -69,7 +70,7 @@ func newMeteredSim(t *testing.T, cfg sim.Config) *meteredSim {
 		t.Fatal(err)
 	}
 	s := &meteredSim{Server: srv, served: map[string]int64{}, changed: make(chan struct{})}
-	s.url = serveSimChat(t, srv, func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) {
+	s.url = e2eutil.ServeSimChat(t, srv, func(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler) {
 		s.update(func() { s.active++ })
 		defer s.update(func() { s.active-- })
 		next.ServeHTTP(&meteredWriter{ResponseWriter: w, s: s, ctx: r.Context(), prompt: lastMessage(body)}, r)
@@ -288,20 +289,20 @@ type streamResult struct {
 // reporting each content chunk's count on progress; safe from any
 // goroutine.
 func readStream(ctx context.Context, r *replica, body string, progress func(int64)) streamResult {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url+"/v1/chat/completions", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.URL+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		return streamResult{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+e2eTenantKey)
-	resp, err := e2eHTTP.Do(req)
+	req.Header.Set("Authorization", "Bearer "+e2eutil.TenantKey)
+	resp, err := e2eutil.HTTP.Do(req)
 	if err != nil {
 		return streamResult{err: err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
-		return streamResult{err: fmt.Errorf("%s: %d %s", r.name, resp.StatusCode, b)}
+		return streamResult{err: fmt.Errorf("%s: %d %s", r.Name, resp.StatusCode, b)}
 	}
 	var res streamResult
 	sc := bufio.NewScanner(resp.Body)
@@ -339,7 +340,7 @@ type adminBudgetStatus struct {
 // teamUsage reads team-a's usage and budget through r's admin API.
 func teamUsage(ctx context.Context, r *replica) (adminUsage, error) {
 	var out []adminUsage
-	if err := r.get(ctx, "/admin/usage?tenant=team-a", e2eAdminToken, &out); err != nil {
+	if err := r.Get(ctx, "/admin/usage?tenant=team-a", e2eutil.AdminToken, &out); err != nil {
 		return adminUsage{}, err
 	}
 	if len(out) != 1 || out[0].Budget == nil {
@@ -456,7 +457,7 @@ func (cs *clientStreams) waitRead(t *testing.T, n int64, timeout time.Duration) 
 		select {
 		case <-cs.changed:
 		case res := <-cs.results:
-			t.Fatalf("a stream through %s ended after %d chunks, before the kill: %v", cs.via.name, res.chunks, res.err)
+			t.Fatalf("a stream through %s ended after %d chunks, before the kill: %v", cs.via.Name, res.chunks, res.err)
 		case <-deadline.C:
 			t.Fatalf("the clients did not read %d chunks of each stream within %v (least %d)", n, timeout, least)
 		}
@@ -488,7 +489,7 @@ func (cs *clientStreams) waitKilled(t *testing.T) {
 // upper bound, may go uncharged: see the budget package doc.)
 func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		capTokens = 100_000 // never reached
 		warmups   = 8       // what it takes to learn an estimate
@@ -500,8 +501,8 @@ func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
 	warm := pickPrompts(t, "warm-up", warmups, func(n int64) bool { return n <= shortMax })
 	long := pickPrompts(t, "long story", killStreams, func(n int64) bool { return n >= longMin })
 	rds := testutil.StartRedis(t)
-	s := newMeteredSim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: killTokenDelay, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 2, killConfig(rds, s, capTokens))
+	s := newMeteredSim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: killTokenDelay, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 2, killConfig(rds, s, capTokens))
 	a, b := reps[0], reps[1]
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -513,7 +514,7 @@ func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
 		estimate = max(estimate, p.answerTokens)
 		warmSpend += p.promptTokens + p.answerTokens
 		go func() {
-			resp, body, err := a.tryPost(ctx, "/v1/chat/completions", e2eTenantKey, promptBody(p.prompt, 0, false))
+			resp, body, err := a.TryPost(ctx, "/v1/chat/completions", e2eutil.TenantKey, promptBody(p.prompt, 0, false))
 			if err == nil && resp.StatusCode != http.StatusOK {
 				err = fmt.Errorf("warm-up via A: %d %s", resp.StatusCode, body)
 			}
@@ -566,7 +567,7 @@ func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
 	// The streams go on past the last renewal we know of; A dies.
 	s.resume()
 	s.waitServed(t, prompts, renewedAt+afterward, 10*time.Second)
-	a.kill(t)
+	a.Kill(t)
 	killedAt := time.Now()
 	streams.waitKilled(t)
 	s.waitIdle(t, 10*time.Second)
@@ -615,7 +616,7 @@ func TestE2EKilledReplicaSpendIsCharged(t *testing.T) {
 // refuses the next request: the dead replica's spend counts.
 func TestE2EKilledReplicaSpendWithMaxTokens(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		maxTokens = 30
 		longMin   = 42 // the answers' least tokens: each would use all of max_tokens
@@ -631,8 +632,8 @@ func TestE2EKilledReplicaSpendWithMaxTokens(t *testing.T) {
 	}
 	capTokens := estimates + slack
 	rds := testutil.StartRedis(t)
-	s := newMeteredSim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: killTokenDelay, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 2, killConfig(rds, s, capTokens))
+	s := newMeteredSim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: killTokenDelay, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 2, killConfig(rds, s, capTokens))
 	a, b := reps[0], reps[1]
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -645,7 +646,7 @@ func TestE2EKilledReplicaSpendWithMaxTokens(t *testing.T) {
 	streams := startStreams(ctx, a, long, maxTokens)
 	s.waitServed(t, prompts, servedMin, 10*time.Second)
 	atKill := totals.get(t, ctx)
-	a.kill(t)
+	a.Kill(t)
 	killedAt := time.Now()
 	if atKill.Holds != killStreams || atKill.Reserved.Tokens != estimates || atKill.Spent.Tokens != 0 {
 		t.Errorf("before the kill: %+v; want %d holds of %d tokens in all, nothing spent", atKill, killStreams, estimates)
@@ -678,7 +679,7 @@ func TestE2EKilledReplicaSpendWithMaxTokens(t *testing.T) {
 	}
 
 	// What is left is less than any request: B refuses the next one.
-	resp, body := b.post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello)
+	resp, body := b.Post(t, ctx, "/v1/chat/completions", e2eutil.TenantKey, hello)
 	if e := decodeError(t, body); resp.StatusCode != http.StatusTooManyRequests || e.Error.Code != "insufficient_quota" {
 		t.Errorf("a request via B after the expiries: %d %s; want 429 insufficient_quota", resp.StatusCode, body)
 	}

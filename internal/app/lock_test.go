@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/testutil"
 	"github.com/llmgate/llmgate/lock"
 	"github.com/llmgate/llmgate/lock/redis"
@@ -60,13 +61,7 @@ func assertFree(t *testing.T, r *testutil.Redis, key string) {
 // nothing can notify us of, until it holds or timeout passes.
 func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	e2eutil.WaitUntil(t, timeout, what, cond)
 }
 
 // idle is a CMD body that runs until a signal stops it. It polls in short

@@ -8,12 +8,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
 
@@ -31,27 +30,13 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "llmgate-app-test-")
+	bin, cleanup, err := e2eutil.Build()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	llmgateBin = filepath.Join(dir, "llmgate")
-	args := []string{"build", "-o", llmgateBin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, "github.com/llmgate/llmgate/cmd/llmgate")
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
-	}
-	build := exec.Command(goBin, args...)
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go %s: %v\n%s", strings.Join(args, " "), err, out)
-		return 1
-	}
+	defer cleanup()
+	llmgateBin = bin
 	return m.Run()
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/llmgate/llmgate/internal/dashboard"
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -21,19 +22,19 @@ import (
 // off the list.
 func TestE2EDashboardSeesReplicas(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
 	host, _ := os.Hostname()
 	var want []string
 	for _, r := range reps {
-		want = append(want, host+":"+strconv.Itoa(r.cmd.Process.Pid))
+		want = append(want, host+":"+strconv.Itoa(r.Cmd.Process.Pid))
 	}
 	slices.Sort(want)
 
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, reps[0].url+"/dashboard/events", nil)
-	req.Header.Set("Authorization", "Bearer "+e2eAdminToken)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, reps[0].URL+"/dashboard/events", nil)
+	req.Header.Set("Authorization", "Bearer "+e2eutil.AdminToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +74,7 @@ func TestE2EDashboardSeesReplicas(t *testing.T) {
 		}
 	}
 	seen("all three", func(names []string) bool { return slices.Equal(names, want) })
-	reps[2].stop(t)
-	gone := host + ":" + strconv.Itoa(reps[2].cmd.Process.Pid)
+	reps[2].Stop(t)
+	gone := host + ":" + strconv.Itoa(reps[2].Cmd.Process.Pid)
 	seen("the stopped one gone", func(names []string) bool { return len(names) == 2 && !slices.Contains(names, gone) })
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -20,11 +21,11 @@ import (
 // continues each through a replica that did not create it.
 func TestE2EResponsesAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
-	s := newE2ESim(t, sim.Config{APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 2, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
-	a, b := reps[0].sdk(e2eTenantKey), reps[1].sdk(e2eTenantKey)
+	s := newE2ESim(t, sim.Config{APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 2, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
+	a, b := reps[0].SDK(e2eutil.TenantKey), reps[1].SDK(e2eutil.TenantKey)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	params := responses.ResponseNewParams{

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	dedupredis "github.com/llmgate/llmgate/dedup/redis"
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 	"github.com/llmgate/llmgate/internal/tokens"
@@ -44,12 +45,12 @@ const (
 // followers, each with its own request id.
 func TestE2EDedupAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	// A delay per token, so that followers relay a stream while it is
 	// being produced.
-	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: 2 * time.Millisecond})
-	reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
+	s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}, TokenDelay: 2 * time.Millisecond})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info"})
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) { dedupBurst(t, s, reps, stream) })
 	}
@@ -65,38 +66,38 @@ func dedupBurst(t *testing.T, s *gatedSim, reps []*replica, stream bool) {
 		fmt.Sprintf(`{"model":"gpt-4.1","temperature":0,"max_tokens":24,"stream":%v,"messages":[{"role":"user","content":%q}]}`, stream, prompt),
 		fmt.Sprintf(`{ "messages": [ {"content": %q, "role": "user"} ], "stream": %v, "max_tokens": 24, "temperature": 0, "model": "gpt-4.1" }`, prompt, stream),
 	}
-	followersBefore := sumMetric(t, ctx, reps, followerSeries)
-	callsBefore, simBefore := s.count(), s.Stats().Total.Calls
-	s.hold()
+	followersBefore := e2eutil.SumMetric(t, ctx, reps, followerSeries)
+	callsBefore, simBefore := s.Count(), s.Stats().Total.Calls
+	s.Hold()
 	replies := make([]reply, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			replies[i] = send(ctx, reps[i%len(reps)], forms[i%2], "X-Request-Id", fmt.Sprintf("dedup-%v-%d", stream, i))
+			replies[i] = e2eutil.Send(ctx, reps[i%len(reps)], forms[i%2], "X-Request-Id", fmt.Sprintf("dedup-%v-%d", stream, i))
 		})
 	}
 	// Every request is in the flight before the provider answers.
 	waitUntil(t, 30*time.Second, fmt.Sprintf("1 request reached the provider and %d follow it", n-1), func() bool {
-		if c := s.count() - callsBefore; c > 1 {
+		if c := s.Count() - callsBefore; c > 1 {
 			t.Fatalf("%d identical requests reached the provider", c)
 		}
-		return s.count()-callsBefore == 1 && sumMetric(t, ctx, reps, followerSeries)-followersBefore == n-1
+		return s.Count()-callsBefore == 1 && e2eutil.SumMetric(t, ctx, reps, followerSeries)-followersBefore == n-1
 	})
-	s.release()
+	s.Release()
 	wg.Wait()
 
 	leader := -1
 	roles := map[string]int{}
 	for i, r := range replies {
-		if r.err != nil || r.status != http.StatusOK {
-			t.Fatalf("request %d via %s: %d %v %s", i, reps[i%len(reps)].name, r.status, r.err, r.body)
+		if r.Err != nil || r.Status != http.StatusOK {
+			t.Fatalf("request %d via %s: %d %v %s", i, reps[i%len(reps)].Name, r.Status, r.Err, r.Body)
 		}
-		role := r.header.Get("X-Llmgate-Dedup")
+		role := r.Header.Get("X-Llmgate-Dedup")
 		roles[role]++
 		if role == "leader" {
 			leader = i
 		}
-		if got, want := r.header.Get("X-Request-Id"), fmt.Sprintf("dedup-%v-%d", stream, i); got != want {
+		if got, want := r.Header.Get("X-Request-Id"), fmt.Sprintf("dedup-%v-%d", stream, i); got != want {
 			t.Errorf("request %d: x-request-id %q, want its own %q", i, got, want)
 		}
 	}
@@ -105,23 +106,23 @@ func dedupBurst(t *testing.T, s *gatedSim, reps []*replica, stream bool) {
 	}
 	want := replies[leader]
 	for i, r := range replies {
-		if !bytes.Equal(r.body, want.body) {
+		if !bytes.Equal(r.Body, want.Body) {
 			t.Fatalf("request %d (%s) got another answer than the leader (request %d):\n%s\n--- leader ---\n%s",
-				i, r.header.Get("X-Llmgate-Dedup"), leader, r.body, want.body)
+				i, r.Header.Get("X-Llmgate-Dedup"), leader, r.Body, want.Body)
 		}
-		if ct := r.header.Get("Content-Type"); ct != want.header.Get("Content-Type") {
-			t.Errorf("request %d: content-type %q, the leader's %q", i, ct, want.header.Get("Content-Type"))
+		if ct := r.Header.Get("Content-Type"); ct != want.Header.Get("Content-Type") {
+			t.Errorf("request %d: content-type %q, the leader's %q", i, ct, want.Header.Get("Content-Type"))
 		}
 	}
-	if calls, served := s.count()-callsBefore, s.Stats().Total.Calls-simBefore; calls != 1 || served != 1 {
+	if calls, served := s.Count()-callsBefore, s.Stats().Total.Calls-simBefore; calls != 1 || served != 1 {
 		t.Fatalf("%d requests reached the provider (%d served); want 1", calls, served)
 	}
 	if stream {
-		evs := sseEvents(want.body)
-		if len(evs) < 4 || evs[len(evs)-1] != "data: [DONE]" || !strings.HasPrefix(want.header.Get("Content-Type"), "text/event-stream") {
-			t.Fatalf("the shared stream is not a complete SSE stream (%d events, %q):\n%s", len(evs), want.header.Get("Content-Type"), want.body)
+		evs := sseEvents(want.Body)
+		if len(evs) < 4 || evs[len(evs)-1] != "data: [DONE]" || !strings.HasPrefix(want.Header.Get("Content-Type"), "text/event-stream") {
+			t.Fatalf("the shared stream is not a complete SSE stream (%d events, %q):\n%s", len(evs), want.Header.Get("Content-Type"), want.Body)
 		}
-		t.Logf("leader: request %d via %s; 99 followers relayed the same %d events (%d bytes)", leader, reps[leader%len(reps)].name, len(evs), len(want.body))
+		t.Logf("leader: request %d via %s; 99 followers relayed the same %d events (%d bytes)", leader, reps[leader%len(reps)].Name, len(evs), len(want.Body))
 		return
 	}
 	var cc struct {
@@ -129,10 +130,10 @@ func dedupBurst(t *testing.T, s *gatedSim, reps []*replica, stream bool) {
 			Message struct{ Content string } `json:"message"`
 		} `json:"choices"`
 	}
-	if err := json.Unmarshal(want.body, &cc); err != nil || len(cc.Choices) != 1 || cc.Choices[0].Message.Content == "" {
-		t.Fatalf("the shared answer is not a chat completion (%v): %s", err, want.body)
+	if err := json.Unmarshal(want.Body, &cc); err != nil || len(cc.Choices) != 1 || cc.Choices[0].Message.Content == "" {
+		t.Fatalf("the shared answer is not a chat completion (%v): %s", err, want.Body)
 	}
-	t.Logf("leader: request %d via %s; 99 followers got the same %d bytes", leader, reps[leader%len(reps)].name, len(want.body))
+	t.Logf("leader: request %d via %s; 99 followers got the same %d bytes", leader, reps[leader%len(reps)].Name, len(want.Body))
 }
 
 // TestE2EIdempotencyKeyAcrossReplicas: a request with an Idempotency-Key
@@ -142,19 +143,19 @@ func dedupBurst(t *testing.T, s *gatedSim, reps []*replica, stream bool) {
 // 409 on every replica, and the stored answer survives that.
 func TestE2EIdempotencyKeyAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
-	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
+	s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info"})
 	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 	defer cancel()
 	const key = "order-42-attempt"
 	body := `{"model":"gpt-4.1","max_tokens":12,"messages":[{"role":"user","content":"charge order 42"}]}`
 	reordered := `{ "messages": [ {"content": "charge order 42", "role": "user"} ], "max_tokens": 12, "model": "gpt-4.1" }`
 
-	first := send(ctx, reps[0], body, "Idempotency-Key", key)
-	if first.err != nil || first.status != http.StatusOK || first.header.Get("X-Llmgate-Dedup") != "leader" {
-		t.Fatalf("first request via %s: %d %v role %q %s", reps[0].name, first.status, first.err, first.header.Get("X-Llmgate-Dedup"), first.body)
+	first := e2eutil.Send(ctx, reps[0], body, "Idempotency-Key", key)
+	if first.Err != nil || first.Status != http.StatusOK || first.Header.Get("X-Llmgate-Dedup") != "leader" {
+		t.Fatalf("first request via %s: %d %v role %q %s", reps[0].Name, first.Status, first.Err, first.Header.Get("X-Llmgate-Dedup"), first.Body)
 	}
 	// Completed: the flight is finished in Redis and kept for
 	// dedup.idempotency_ttl (24h by default).
@@ -167,7 +168,7 @@ func TestE2EIdempotencyKeyAcrossReplicas(t *testing.T) {
 	if ttl, err := rc.Do(ctx, rc.B().Pttl().Key(hkey).Build()).AsInt64(); err != nil || time.Duration(ttl)*time.Millisecond < 23*time.Hour {
 		t.Errorf("the stored answer expires in %dms (%v); want about 24h", ttl, err)
 	}
-	if c := s.count(); c != 1 {
+	if c := s.Count(); c != 1 {
 		t.Fatalf("%d requests reached the provider", c)
 	}
 
@@ -176,30 +177,30 @@ func TestE2EIdempotencyKeyAcrossReplicas(t *testing.T) {
 		body string
 	}{{reps[1], body}, {reps[2], body}, {reps[2], reordered}, {reps[0], body}}
 	for i, rt := range retries {
-		got := send(ctx, rt.r, rt.body, "Idempotency-Key", key)
-		if got.err != nil || got.status != http.StatusOK || !bytes.Equal(got.body, first.body) || got.header.Get("X-Llmgate-Dedup") != "follower" {
-			t.Fatalf("retry %d via %s: %d %v role %q\n%s\nwant the stored\n%s", i, rt.r.name, got.status, got.err,
-				got.header.Get("X-Llmgate-Dedup"), got.body, first.body)
+		got := e2eutil.Send(ctx, rt.r, rt.body, "Idempotency-Key", key)
+		if got.Err != nil || got.Status != http.StatusOK || !bytes.Equal(got.Body, first.Body) || got.Header.Get("X-Llmgate-Dedup") != "follower" {
+			t.Fatalf("retry %d via %s: %d %v role %q\n%s\nwant the stored\n%s", i, rt.r.Name, got.Status, got.Err,
+				got.Header.Get("X-Llmgate-Dedup"), got.Body, first.Body)
 		}
 	}
-	if c := s.count(); c != 1 {
+	if c := s.Count(); c != 1 {
 		t.Fatalf("%d requests reached the provider; retries must get the stored answer", c)
 	}
 
 	other := strings.Replace(body, "order 42", "order 43", 1)
 	for _, r := range reps {
-		got := send(ctx, r, other, "Idempotency-Key", key)
-		if got.err != nil {
-			t.Fatal(got.err)
+		got := e2eutil.Send(ctx, r, other, "Idempotency-Key", key)
+		if got.Err != nil {
+			t.Fatal(got.Err)
 		}
-		if e := decodeError(t, got.body); got.status != http.StatusConflict || e.Error.Code != "idempotency_key_reused" {
-			t.Errorf("the key with another body via %s: %d %s; want 409 idempotency_key_reused", r.name, got.status, got.body)
+		if e := decodeError(t, got.Body); got.Status != http.StatusConflict || e.Error.Code != "idempotency_key_reused" {
+			t.Errorf("the key with another body via %s: %d %s; want 409 idempotency_key_reused", r.Name, got.Status, got.Body)
 		}
 	}
-	if again := send(ctx, reps[1], body, "Idempotency-Key", key); again.status != http.StatusOK || !bytes.Equal(again.body, first.body) {
-		t.Errorf("after the conflicts, a retry via %s: %d %v %s", reps[1].name, again.status, again.err, again.body)
+	if again := e2eutil.Send(ctx, reps[1], body, "Idempotency-Key", key); again.Status != http.StatusOK || !bytes.Equal(again.Body, first.Body) {
+		t.Errorf("after the conflicts, a retry via %s: %d %v %s", reps[1].Name, again.Status, again.Err, again.Body)
 	}
-	if c := s.count(); c != 1 {
+	if c := s.Count(); c != 1 {
 		t.Errorf("%d requests reached the provider in all; want 1", c)
 	}
 }
@@ -214,7 +215,7 @@ func TestE2EIdempotencyKeyAcrossReplicas(t *testing.T) {
 // (the dead one and the takeover).
 func TestE2EDedupLeaderKilled(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		leaseTTL   = 2 * time.Second
 		perReplica = 8
@@ -226,15 +227,15 @@ func TestE2EDedupLeaderKilled(t *testing.T) {
 		clientDeadline = 30 * time.Second
 	)
 	rds := testutil.StartRedis(t)
-	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: 2 * time.Millisecond})
-	reps := startReplicas(t, 3, gatewayConfig{
-		Store: rds.URL(), SimURL: s.url, LogLevel: "info", Extra: fmt.Sprintf("dedup: {lease_ttl: %v}\n", leaseTTL),
+	s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}, TokenDelay: 2 * time.Millisecond})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{
+		Store: rds.URL(), SimURL: s.URL, LogLevel: "info", Extra: fmt.Sprintf("dedup: {lease_ttl: %v}\n", leaseTTL),
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 	defer cancel()
 	body := `{"model":"gpt-4.1","temperature":0,"max_tokens":16,"messages":[{"role":"user","content":"who takes over?"}]}`
 
-	s.hold()
+	s.Hold()
 	replies := make([][]reply, len(reps))
 	var wg sync.WaitGroup
 	for ri, r := range reps {
@@ -243,24 +244,24 @@ func TestE2EDedupLeaderKilled(t *testing.T) {
 			wg.Go(func() {
 				rctx, rcancel := context.WithTimeout(ctx, clientDeadline)
 				defer rcancel()
-				replies[ri][i] = send(rctx, r, body, "X-Request-Id", fmt.Sprintf("kill-%d-%d", ri, i))
+				replies[ri][i] = e2eutil.Send(rctx, r, body, "X-Request-Id", fmt.Sprintf("kill-%d-%d", ri, i))
 			})
 		}
 	}
 	total := len(reps) * perReplica
 	waitUntil(t, 30*time.Second, fmt.Sprintf("1 request reached the provider and %d follow it", total-1), func() bool {
-		return s.count() == 1 && sumMetric(t, ctx, reps, followerSeries) == float64(total-1)
+		return s.Count() == 1 && e2eutil.SumMetric(t, ctx, reps, followerSeries) == float64(total-1)
 	})
 	// The leader is on the replica whose request reached the provider.
-	leaderID := s.seen()[0].requestID
+	leaderID := s.Seen()[0].RequestID
 	var li, lj int
 	if _, err := fmt.Sscanf(leaderID, "kill-%d-%d", &li, &lj); err != nil || li < 0 || li >= len(reps) {
 		t.Fatalf("the provider saw x-request-id %q (%v); want one of the test's", leaderID, err)
 	}
 	dead := reps[li]
-	dead.kill(t)
+	dead.Kill(t)
 	killedAt := time.Now()
-	s.release()
+	s.Release()
 	wg.Wait()
 
 	var (
@@ -272,41 +273,41 @@ func TestE2EDedupLeaderKilled(t *testing.T) {
 		for i, r := range rs {
 			if ri == li {
 				// Its clients lose their connection; none may hang.
-				if r.err == nil {
-					t.Errorf("request %d via the killed %s: %d %s; want a broken connection", i, dead.name, r.status, r.body)
+				if r.Err == nil {
+					t.Errorf("request %d via the killed %s: %d %s; want a broken connection", i, dead.Name, r.Status, r.Body)
 				}
 				continue
 			}
-			if r.err != nil || r.status != http.StatusOK {
-				t.Errorf("request %d via %s: %d %v %s", i, reps[ri].name, r.status, r.err, r.body)
+			if r.Err != nil || r.Status != http.StatusOK {
+				t.Errorf("request %d via %s: %d %v %s", i, reps[ri].Name, r.Status, r.Err, r.Body)
 				continue
 			}
-			took := r.done.Sub(killedAt)
+			took := r.Done.Sub(killedAt)
 			slowest = max(slowest, took)
 			if took > takeoverBound {
-				t.Errorf("request %d via %s answered %v after the kill; the takeover must take at most %v", i, reps[ri].name, took, takeoverBound)
+				t.Errorf("request %d via %s answered %v after the kill; the takeover must take at most %v", i, reps[ri].Name, took, takeoverBound)
 			}
 			if answer == nil {
-				answer = r.body
-			} else if !bytes.Equal(r.body, answer) {
-				t.Errorf("request %d via %s got another answer:\n%s\nwant\n%s", i, reps[ri].name, r.body, answer)
+				answer = r.Body
+			} else if !bytes.Equal(r.Body, answer) {
+				t.Errorf("request %d via %s got another answer:\n%s\nwant\n%s", i, reps[ri].Name, r.Body, answer)
 			}
-			if r.header.Get("X-Llmgate-Dedup") == "leader" {
-				leaders = append(leaders, r.header.Get("X-Request-Id"))
+			if r.Header.Get("X-Llmgate-Dedup") == "leader" {
+				leaders = append(leaders, r.Header.Get("X-Request-Id"))
 			}
 		}
 	}
-	calls := s.seen()
+	calls := s.Seen()
 	t.Logf("leader %s on %s killed; the followers were answered within %v of the kill; the provider saw %d calls (the second from %s)",
-		leaderID, dead.name, slowest.Round(time.Millisecond), len(calls), calls[len(calls)-1].requestID)
+		leaderID, dead.Name, slowest.Round(time.Millisecond), len(calls), calls[len(calls)-1].RequestID)
 	if len(calls) != 2 {
 		t.Fatalf("%d calls reached the provider; want 2 (the dead leader's and the takeover)", len(calls))
 	}
-	if len(leaders) != 1 || leaders[0] != calls[1].requestID {
-		t.Errorf("new leaders %v; want exactly the request whose call reached the provider second (%s)", leaders, calls[1].requestID)
+	if len(leaders) != 1 || leaders[0] != calls[1].RequestID {
+		t.Errorf("new leaders %v; want exactly the request whose call reached the provider second (%s)", leaders, calls[1].RequestID)
 	}
-	if strings.HasPrefix(calls[1].requestID, fmt.Sprintf("kill-%d-", li)) {
-		t.Errorf("the takeover call %s came from the killed replica", calls[1].requestID)
+	if strings.HasPrefix(calls[1].RequestID, fmt.Sprintf("kill-%d-", li)) {
+		t.Errorf("the takeover call %s came from the killed replica", calls[1].RequestID)
 	}
 }
 
@@ -318,12 +319,12 @@ func TestE2EDedupLeaderKilled(t *testing.T) {
 // shows (429).
 func TestE2ECacheHitsAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const hitsPerReplica = 3
 	rds := testutil.StartRedis(t)
-	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: time.Millisecond})
-	reps := startReplicasYAML(t, 3, tenantYAML(t,
-		gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info", MaxWait: "0s"},
+	s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}, TokenDelay: time.Millisecond})
+	reps := e2eutil.StartReplicasYAML(t, 3, e2eutil.TenantYAML(t,
+		gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info", MaxWait: "0s"},
 		"    cache: {ttl: 1m}\n    limits: {rpm: 2}\n"))
 	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 	defer cancel()
@@ -340,47 +341,47 @@ func TestE2ECacheHitsAcrossReplicas(t *testing.T) {
 		// max_tokens above the simulator's longest answer (47 tokens): an
 		// answer cut by the limit would not be cached.
 		body := fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":64,"stream":%v,"messages":[{"role":"user","content":"cache me (stream=%v)"}]}`, stream, stream)
-		first := send(ctx, reps[form], body)
-		if first.err != nil || first.status != http.StatusOK || first.header.Get("X-Llmgate-Cache") != "miss" {
-			t.Fatalf("stream=%v: first request: %d %v cache %q %s", stream, first.status, first.err, first.header.Get("X-Llmgate-Cache"), first.body)
+		first := e2eutil.Send(ctx, reps[form], body)
+		if first.Err != nil || first.Status != http.StatusOK || first.Header.Get("X-Llmgate-Cache") != "miss" {
+			t.Fatalf("stream=%v: first request: %d %v cache %q %s", stream, first.Status, first.Err, first.Header.Get("X-Llmgate-Cache"), first.Body)
 		}
 		// The fill runs after the answer, in the background.
 		waitUntil(t, 10*time.Second, "the answer is in the shared cache", func() bool { return entries() == form+1 })
-		calls := s.count()
+		calls := s.Count()
 		for k := range hitsPerReplica * len(reps) {
 			r := reps[k%len(reps)]
-			hit := send(ctx, r, body)
-			if hit.err != nil || hit.status != http.StatusOK {
-				t.Fatalf("stream=%v: hit %d via %s: %d %v %s", stream, k, r.name, hit.status, hit.err, hit.body)
+			hit := e2eutil.Send(ctx, r, body)
+			if hit.Err != nil || hit.Status != http.StatusOK {
+				t.Fatalf("stream=%v: hit %d via %s: %d %v %s", stream, k, r.Name, hit.Status, hit.Err, hit.Body)
 			}
-			if hit.header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(hit.body, first.body) {
-				t.Fatalf("stream=%v: request %d via %s: cache %q\n%s\nwant the first answer\n%s", stream, k, r.name,
-					hit.header.Get("X-Llmgate-Cache"), hit.body, first.body)
+			if hit.Header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(hit.Body, first.Body) {
+				t.Fatalf("stream=%v: request %d via %s: cache %q\n%s\nwant the first answer\n%s", stream, k, r.Name,
+					hit.Header.Get("X-Llmgate-Cache"), hit.Body, first.Body)
 			}
-			if ct := hit.header.Get("Content-Type"); ct != first.header.Get("Content-Type") {
-				t.Errorf("stream=%v: a hit's content-type %q, the first answer's %q", stream, ct, first.header.Get("Content-Type"))
+			if ct := hit.Header.Get("Content-Type"); ct != first.Header.Get("Content-Type") {
+				t.Errorf("stream=%v: a hit's content-type %q, the first answer's %q", stream, ct, first.Header.Get("Content-Type"))
 			}
 		}
-		if c := s.count(); c != calls {
+		if c := s.Count(); c != calls {
 			t.Fatalf("stream=%v: %d cache hits reached the provider", stream, c-calls)
 		}
 		if stream {
-			if evs := sseEvents(first.body); len(evs) < 4 || evs[len(evs)-1] != "data: [DONE]" {
+			if evs := sseEvents(first.Body); len(evs) < 4 || evs[len(evs)-1] != "data: [DONE]" {
 				t.Fatalf("the cached stream is not complete: %q", evs)
 			}
 		}
 	}
 	// The two misses used the tenant's 2 requests per minute: a request the
 	// cache cannot answer is refused, so the hits above were free.
-	calls := s.count()
-	last := send(ctx, reps[2], `{"model":"gpt-4.1","max_tokens":64,"messages":[{"role":"user","content":"not cached"}]}`)
-	if last.err != nil {
-		t.Fatal(last.err)
+	calls := s.Count()
+	last := e2eutil.Send(ctx, reps[2], `{"model":"gpt-4.1","max_tokens":64,"messages":[{"role":"user","content":"not cached"}]}`)
+	if last.Err != nil {
+		t.Fatal(last.Err)
 	}
-	if e := decodeError(t, last.body); last.status != http.StatusTooManyRequests || e.Error.Code != "rate_limit_exceeded" {
-		t.Errorf("an uncached request after the hits: %d %s; want 429 (the tenant's rpm is used up)", last.status, last.body)
+	if e := decodeError(t, last.Body); last.Status != http.StatusTooManyRequests || e.Error.Code != "rate_limit_exceeded" {
+		t.Errorf("an uncached request after the hits: %d %s; want 429 (the tenant's rpm is used up)", last.Status, last.Body)
 	}
-	if c := s.count(); c != calls || c != 2 {
+	if c := s.Count(); c != calls || c != 2 {
 		t.Errorf("the provider saw %d calls in all; want the 2 misses", c)
 	}
 }
@@ -397,11 +398,11 @@ var sessionTurnRE = regexp.MustCompile(`session (\d+) turn (\d+)"`)
 // session's queue in Redis holds k waiters.
 func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const sessions, turns = 3, 30
 	rds := testutil.StartRedis(t)
-	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
+	s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info"})
 	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 	defer cancel()
 	// The gateway's session lock: "session:<tenant>:<id>" on lock/redis
@@ -425,7 +426,7 @@ func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 		return []string{"X-Session-Id", sessionID(sn)}
 	}
 
-	s.hold()
+	s.Hold()
 	replies := make([][]reply, sessions)
 	via := make([][]string, sessions)
 	for sn := range sessions {
@@ -435,12 +436,12 @@ func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 	for k := range turns {
 		for sn := range sessions {
 			r := reps[rng.IntN(len(reps))]
-			via[sn][k] = r.name
-			wg.Go(func() { replies[sn][k] = send(ctx, r, body(sn, k), header(sn)...) })
+			via[sn][k] = r.Name
+			wg.Go(func() { replies[sn][k] = e2eutil.Send(ctx, r, body(sn, k), header(sn)...) })
 		}
 		for sn := range sessions {
 			if k == 0 {
-				s.waitArrival(t, fmt.Sprintf(`session %d turn 0"`, sn), 30*time.Second)
+				s.WaitArrival(t, fmt.Sprintf(`session %d turn 0"`, sn), 30*time.Second)
 				continue
 			}
 			waitUntil(t, 30*time.Second, fmt.Sprintf("session %d has %d waiters", sn, k), func() bool {
@@ -453,29 +454,29 @@ func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 		}
 	}
 	released := time.Now()
-	s.release()
+	s.Release()
 	wg.Wait()
 	t.Logf("%d turns answered %v after the provider let turn 0 go", sessions*turns, time.Since(released).Round(time.Millisecond))
 
 	for sn := range sessions {
 		for k, r := range replies[sn] {
-			if r.err != nil || r.status != http.StatusOK {
-				t.Errorf("session %d turn %d via %s: %d %v %s", sn, k, via[sn][k], r.status, r.err, r.body)
+			if r.Err != nil || r.Status != http.StatusOK {
+				t.Errorf("session %d turn %d via %s: %d %v %s", sn, k, via[sn][k], r.Status, r.Err, r.Body)
 			}
 		}
 	}
 	next := make([]int, sessions)
 	lastFence := make([]uint64, sessions)
-	for _, c := range s.seen() {
-		m := sessionTurnRE.FindStringSubmatch(c.body)
+	for _, c := range s.Seen() {
+		m := sessionTurnRE.FindStringSubmatch(c.Body)
 		if m == nil {
-			t.Fatalf("unexpected request at the provider: %s", c.body)
+			t.Fatalf("unexpected request at the provider: %s", c.Body)
 		}
 		sn, _ := strconv.Atoi(m[1])
 		k, _ := strconv.Atoi(m[2])
-		fence, err := strconv.ParseUint(c.fence, 10, 64)
+		fence, err := strconv.ParseUint(c.Fence, 10, 64)
 		if err != nil {
-			t.Fatalf("session %d turn %d reached the provider with x-fencing-token %q", sn, k, c.fence)
+			t.Fatalf("session %d turn %d reached the provider with x-fencing-token %q", sn, k, c.Fence)
 		}
 		if k != next[sn] {
 			t.Fatalf("session %d: turn %d (sent via %s) reached the provider when turn %d was next", sn, k, via[sn][k], next[sn])
@@ -500,12 +501,12 @@ func TestE2ESessionOrderAcrossReplicas(t *testing.T) {
 // x-llmgate-cache: skip neither reads nor writes the cache.
 func TestE2ECacheTTLs(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	models := []string{"gpt-4.1", "gpt-4.1-mini"}
-	s := newGatedSim(t, sim.Config{Models: models, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicasYAML(t, 2, tenantYAML(t,
-		gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info", Models: models, Extra: "cache: {max_ttl: 2h}\n"},
+	s := e2eutil.NewGatedSim(t, sim.Config{Models: models, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicasYAML(t, 2, e2eutil.TenantYAML(t,
+		gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info", Models: models, Extra: "cache: {max_ttl: 2h}\n"},
 		"    cache: {ttl: 1m, models: [gpt-4.1]}\n"))
 	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 	defer cancel()
@@ -539,14 +540,14 @@ func TestE2ECacheTTLs(t *testing.T) {
 		{"skip", body("gpt-4.1", "g"), skip, 0},
 		{"skip a cached answer", body("gpt-4.1", "a"), skip, 0},
 	} {
-		before, calls := entries(), s.count()
-		first := send(ctx, reps[0], tc.body, tc.hdr...)
+		before, calls := entries(), s.Count()
+		first := e2eutil.Send(ctx, reps[0], tc.body, tc.hdr...)
 		want := "miss"
 		if tc.ttl == 0 {
 			want = "" // the cache was not asked
 		}
-		if first.err != nil || first.status != http.StatusOK || first.header.Get("X-Llmgate-Cache") != want {
-			t.Fatalf("%s: %d %v cache %q, want %q: %s", tc.name, first.status, first.err, first.header.Get("X-Llmgate-Cache"), want, first.body)
+		if first.Err != nil || first.Status != http.StatusOK || first.Header.Get("X-Llmgate-Cache") != want {
+			t.Fatalf("%s: %d %v cache %q, want %q: %s", tc.name, first.Status, first.Err, first.Header.Get("X-Llmgate-Cache"), want, first.Body)
 		}
 		if tc.ttl != 0 {
 			var key string
@@ -564,17 +565,17 @@ func TestE2ECacheTTLs(t *testing.T) {
 				t.Errorf("%s: the entry expires in %v (%v); want %v", tc.name, ttl, err, tc.ttl)
 			}
 		}
-		again := send(ctx, reps[1], tc.body, tc.hdr...)
-		if again.err != nil || again.status != http.StatusOK {
-			t.Fatalf("%s, again: %d %v %s", tc.name, again.status, again.err, again.body)
+		again := e2eutil.Send(ctx, reps[1], tc.body, tc.hdr...)
+		if again.Err != nil || again.Status != http.StatusOK {
+			t.Fatalf("%s, again: %d %v %s", tc.name, again.Status, again.Err, again.Body)
 		}
 		switch {
-		case tc.ttl != 0 && (again.header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(again.body, first.body) || s.count() != calls+1):
+		case tc.ttl != 0 && (again.Header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(again.Body, first.Body) || s.Count() != calls+1):
 			t.Errorf("%s, again via %s: cache %q, %d upstream calls; want a hit of the first answer and 1 call",
-				tc.name, reps[1].name, again.header.Get("X-Llmgate-Cache"), s.count()-calls)
-		case tc.ttl == 0 && (again.header.Get("X-Llmgate-Cache") != "" || s.count() != calls+2):
+				tc.name, reps[1].Name, again.Header.Get("X-Llmgate-Cache"), s.Count()-calls)
+		case tc.ttl == 0 && (again.Header.Get("X-Llmgate-Cache") != "" || s.Count() != calls+2):
 			t.Errorf("%s, again via %s: cache %q, %d upstream calls; want the cache left alone and 2 calls",
-				tc.name, reps[1].name, again.header.Get("X-Llmgate-Cache"), s.count()-calls)
+				tc.name, reps[1].Name, again.Header.Get("X-Llmgate-Cache"), s.Count()-calls)
 		}
 		if tc.ttl == 0 && len(entries()) != len(before) {
 			t.Errorf("%s: the cache has %d entries, %d before", tc.name, len(entries()), len(before))
@@ -588,31 +589,31 @@ func TestE2ECacheTTLs(t *testing.T) {
 // upstream call, 30 identical answers; the next is a cache hit.
 func TestE2ECacheStampede(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const n = 30
 	rds := testutil.StartRedis(t)
-	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: time.Millisecond})
-	reps := startReplicasYAML(t, 3, tenantYAML(t, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"}, "    cache: {ttl: 1m}\n"))
+	s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}, TokenDelay: time.Millisecond})
+	reps := e2eutil.StartReplicasYAML(t, 3, e2eutil.TenantYAML(t, gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info"}, "    cache: {ttl: 1m}\n"))
 	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 	defer cancel()
 	body := `{"model":"gpt-4.1","temperature":1,"max_tokens":64,"stream":true,"messages":[{"role":"user","content":"what everyone asks"}]}`
-	s.hold()
+	s.Hold()
 	replies := make([]reply, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { replies[i] = send(ctx, reps[i%len(reps)], body) })
+		wg.Go(func() { replies[i] = e2eutil.Send(ctx, reps[i%len(reps)], body) })
 	}
 	waitUntil(t, 30*time.Second, fmt.Sprintf("1 request reached the provider and %d follow it", n-1), func() bool {
-		if c := s.count(); c > 1 {
+		if c := s.Count(); c > 1 {
 			t.Fatalf("%d identical requests reached the provider", c)
 		}
-		return s.count() == 1 && sumMetric(t, ctx, reps, followerSeries) == n-1
+		return s.Count() == 1 && e2eutil.SumMetric(t, ctx, reps, followerSeries) == n-1
 	})
-	s.release()
+	s.Release()
 	wg.Wait()
 	for i, r := range replies {
-		if r.err != nil || r.status != http.StatusOK || r.header.Get("X-Llmgate-Cache") != "miss" || !bytes.Equal(r.body, replies[0].body) {
-			t.Fatalf("request %d: %d %v cache %q\n%s\nwant\n%s", i, r.status, r.err, r.header.Get("X-Llmgate-Cache"), r.body, replies[0].body)
+		if r.Err != nil || r.Status != http.StatusOK || r.Header.Get("X-Llmgate-Cache") != "miss" || !bytes.Equal(r.Body, replies[0].Body) {
+			t.Fatalf("request %d: %d %v cache %q\n%s\nwant\n%s", i, r.Status, r.Err, r.Header.Get("X-Llmgate-Cache"), r.Body, replies[0].Body)
 		}
 	}
 	rc := rds.Client(t)
@@ -620,11 +621,11 @@ func TestE2ECacheStampede(t *testing.T) {
 		keys, err := rc.Do(ctx, rc.B().Keys().Pattern(`llmgate:cache:*:e:*`).Build()).AsStrSlice()
 		return err == nil && len(keys) == 1
 	})
-	hit := send(ctx, reps[2], body)
-	if hit.status != http.StatusOK || hit.header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(hit.body, replies[0].body) {
-		t.Fatalf("after the stampede: %d %v cache %q %s", hit.status, hit.err, hit.header.Get("X-Llmgate-Cache"), hit.body)
+	hit := e2eutil.Send(ctx, reps[2], body)
+	if hit.Status != http.StatusOK || hit.Header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(hit.Body, replies[0].Body) {
+		t.Fatalf("after the stampede: %d %v cache %q %s", hit.Status, hit.Err, hit.Header.Get("X-Llmgate-Cache"), hit.Body)
 	}
-	if c := s.count(); c != 1 {
+	if c := s.Count(); c != 1 {
 		t.Fatalf("%d calls reached the provider; want 1", c)
 	}
 }
@@ -649,19 +650,19 @@ func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
 		{"budget", fmt.Sprintf("    budget: {period: day, tokens: %d}\n", estimate), "insufficient_quota"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			logRuntime(t)
+			e2eutil.LogRuntime(t)
 			rds := testutil.StartRedis(t)
-			s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
-			reps := startReplicasYAML(t, 3, tenantYAML(t,
-				gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info", MaxWait: "0s", Extra: "dedup: {idempotency_ttl: 1h}\n"},
+			s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
+			reps := e2eutil.StartReplicasYAML(t, 3, e2eutil.TenantYAML(t,
+				gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info", MaxWait: "0s", Extra: "dedup: {idempotency_ttl: 1h}\n"},
 				"    cache: {ttl: 1m}\n"+tc.quota))
 			ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 			defer cancel()
 			const key = "pay-1"
-			first := send(ctx, reps[0], body, "Idempotency-Key", key)
-			if first.err != nil || first.status != http.StatusOK || first.header.Get("X-Llmgate-Dedup") != "leader" || first.header.Get("X-Llmgate-Cache") != "miss" {
-				t.Fatalf("first request: %d %v dedup %q cache %q %s", first.status, first.err,
-					first.header.Get("X-Llmgate-Dedup"), first.header.Get("X-Llmgate-Cache"), first.body)
+			first := e2eutil.Send(ctx, reps[0], body, "Idempotency-Key", key)
+			if first.Err != nil || first.Status != http.StatusOK || first.Header.Get("X-Llmgate-Dedup") != "leader" || first.Header.Get("X-Llmgate-Cache") != "miss" {
+				t.Fatalf("first request: %d %v dedup %q cache %q %s", first.Status, first.Err,
+					first.Header.Get("X-Llmgate-Dedup"), first.Header.Get("X-Llmgate-Cache"), first.Body)
 			}
 			rc := rds.Client(t)
 			hkey := dedupredis.New(rc, dedupredis.Config{}).Key("idem:team-a:" + key)
@@ -674,23 +675,23 @@ func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
 				t.Errorf("the idempotent answer is kept %dms (%v); want dedup.idempotency_ttl, 1h", ms, err)
 			}
 			for _, r := range reps {
-				f := send(ctx, r, body, "Idempotency-Key", key, "X-Llmgate-Cache", "skip")
-				if f.err != nil || f.status != http.StatusOK || f.header.Get("X-Llmgate-Dedup") != "follower" || !bytes.Equal(f.body, first.body) {
-					t.Fatalf("retry via %s: %d %v dedup %q %s", r.name, f.status, f.err, f.header.Get("X-Llmgate-Dedup"), f.body)
+				f := e2eutil.Send(ctx, r, body, "Idempotency-Key", key, "X-Llmgate-Cache", "skip")
+				if f.Err != nil || f.Status != http.StatusOK || f.Header.Get("X-Llmgate-Dedup") != "follower" || !bytes.Equal(f.Body, first.Body) {
+					t.Fatalf("retry via %s: %d %v dedup %q %s", r.Name, f.Status, f.Err, f.Header.Get("X-Llmgate-Dedup"), f.Body)
 				}
-				h := send(ctx, r, body)
-				if h.err != nil || h.status != http.StatusOK || h.header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(h.body, first.body) {
-					t.Fatalf("cache hit via %s: %d %v cache %q %s", r.name, h.status, h.err, h.header.Get("X-Llmgate-Cache"), h.body)
+				h := e2eutil.Send(ctx, r, body)
+				if h.Err != nil || h.Status != http.StatusOK || h.Header.Get("X-Llmgate-Cache") != "hit" || !bytes.Equal(h.Body, first.Body) {
+					t.Fatalf("cache hit via %s: %d %v cache %q %s", r.Name, h.Status, h.Err, h.Header.Get("X-Llmgate-Cache"), h.Body)
 				}
 			}
-			last := send(ctx, reps[1], strings.Replace(body, prompt, "pay again, for another and longer question", 1))
-			if last.err != nil {
-				t.Fatal(last.err)
+			last := e2eutil.Send(ctx, reps[1], strings.Replace(body, prompt, "pay again, for another and longer question", 1))
+			if last.Err != nil {
+				t.Fatal(last.Err)
 			}
-			if e := decodeError(t, last.body); last.status != http.StatusTooManyRequests || e.Error.Code != tc.code {
-				t.Errorf("a request neither the cache nor a flight answers: %d %s; want 429 %s (the quota is used up)", last.status, last.body, tc.code)
+			if e := decodeError(t, last.Body); last.Status != http.StatusTooManyRequests || e.Error.Code != tc.code {
+				t.Errorf("a request neither the cache nor a flight answers: %d %s; want 429 %s (the quota is used up)", last.Status, last.Body, tc.code)
 			}
-			if c := s.count(); c != 1 {
+			if c := s.Count(); c != 1 {
 				t.Errorf("%d calls reached the provider; want 1", c)
 			}
 			// Usage: the leader's tokens (the provider's count) and 3
@@ -705,7 +706,7 @@ func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
 				} `json:"rows"`
 			}
 			waitUntil(t, 10*time.Second, "the usage rows show the leader and 3 followers", func() bool {
-				if err := reps[2].get(ctx, "/admin/usage?tenant=team-a", e2eAdminToken, &rows); err != nil {
+				if err := reps[2].Get(ctx, "/admin/usage?tenant=team-a", e2eutil.AdminToken, &rows); err != nil {
 					t.Fatal(err)
 				}
 				var leader, followers int64
@@ -738,7 +739,7 @@ func TestE2EFollowersAndHitsUseNoQuota(t *testing.T) {
 // within the lease plus a margin, with a higher fencing token.
 func TestE2ESessionReplicaKilled(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		ttl = 2 * time.Second
 		// bound: the dead replica's lease runs out within ttl of the
@@ -747,8 +748,8 @@ func TestE2ESessionReplicaKilled(t *testing.T) {
 		bound = ttl + 5*time.Second
 	)
 	rds := testutil.StartRedis(t)
-	s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 2, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info",
+	s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 2, gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info",
 		Extra: fmt.Sprintf("sessions: {header: x-conversation, ttl: %v}\n", ttl)})
 	ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 	defer cancel()
@@ -756,12 +757,12 @@ func TestE2ESessionReplicaKilled(t *testing.T) {
 	turn := func(k int) string {
 		return fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":4,"messages":[{"role":"user","content":"session 0 turn %d"}]}`, k)
 	}
-	s.hold()
+	s.Hold()
 	dead := make(chan reply, 1)
-	go func() { dead <- send(ctx, reps[0], turn(0), "X-Conversation", "conv-k") }()
-	s.waitArrival(t, `session 0 turn 0"`, 30*time.Second)
+	go func() { dead <- e2eutil.Send(ctx, reps[0], turn(0), "X-Conversation", "conv-k") }()
+	s.WaitArrival(t, `session 0 turn 0"`, 30*time.Second)
 	next := make(chan reply, 1)
-	go func() { next <- send(ctx, reps[1], turn(1), "X-Conversation", "conv-k") }()
+	go func() { next <- e2eutil.Send(ctx, reps[1], turn(1), "X-Conversation", "conv-k") }()
 	waitUntil(t, 30*time.Second, "turn 1 waits for the session", func() bool {
 		n, err := locks.Waiters(ctx, "session:team-a:conv-k")
 		if err != nil {
@@ -769,28 +770,28 @@ func TestE2ESessionReplicaKilled(t *testing.T) {
 		}
 		return n == 1
 	})
-	reps[0].kill(t)
+	reps[0].Kill(t)
 	killedAt := time.Now()
-	s.release()
+	s.Release()
 	r := <-next
-	took := r.done.Sub(killedAt)
+	took := r.Done.Sub(killedAt)
 	t.Logf("turn 1 answered %v after the session's holder was killed", took.Round(time.Millisecond))
-	if r.err != nil || r.status != http.StatusOK {
-		t.Fatalf("turn 1 via %s: %d %v %s", reps[1].name, r.status, r.err, r.body)
+	if r.Err != nil || r.Status != http.StatusOK {
+		t.Fatalf("turn 1 via %s: %d %v %s", reps[1].Name, r.Status, r.Err, r.Body)
 	}
 	if took > bound {
 		t.Errorf("turn 1 waited %v after the kill; a dead replica may hold a session for at most the lease (%v) plus a margin, %v", took, ttl, bound)
 	}
-	if d := <-dead; d.err == nil {
-		t.Errorf("turn 0 via the killed %s: %d %s; want a broken connection", reps[0].name, d.status, d.body)
+	if d := <-dead; d.Err == nil {
+		t.Errorf("turn 0 via the killed %s: %d %s; want a broken connection", reps[0].Name, d.Status, d.Body)
 	}
-	calls := s.seen()
-	if len(calls) != 2 || !strings.Contains(calls[1].body, `turn 1"`) {
+	calls := s.Seen()
+	if len(calls) != 2 || !strings.Contains(calls[1].Body, `turn 1"`) {
 		t.Fatalf("the provider saw %d calls; want turn 0, then turn 1", len(calls))
 	}
-	f0, err0 := strconv.ParseUint(calls[0].fence, 10, 64)
-	f1, err1 := strconv.ParseUint(calls[1].fence, 10, 64)
+	f0, err0 := strconv.ParseUint(calls[0].Fence, 10, 64)
+	f1, err1 := strconv.ParseUint(calls[1].Fence, 10, 64)
 	if err0 != nil || err1 != nil || f1 <= f0 {
-		t.Errorf("fencing tokens %q then %q; want increasing", calls[0].fence, calls[1].fence)
+		t.Errorf("fencing tokens %q then %q; want increasing", calls[0].Fence, calls[1].Fence)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/openai/openai-go/v3/packages/ssestream"
 
 	"github.com/llmgate/llmgate/internal/config"
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -40,7 +41,7 @@ func TestE2EReplicasShareProviderRPM(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 1,000-request burst that lasts about 30s; runs without -short")
 	}
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		rpm      = 600
 		requests = 1000
@@ -52,14 +53,14 @@ func TestE2EReplicasShareProviderRPM(t *testing.T) {
 	)
 	rds := testutil.StartRedis(t)
 	models := []string{"gpt-4.1", "gpt-4.1-mini"}
-	s := newE2ESim(t, sim.Config{Models: models, RPM: rpm, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 3, gatewayConfig{
+	s := newE2ESim(t, sim.Config{Models: models, RPM: rpm, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, Limits: fmt.Sprintf("{rpm: %d}", rpm), Models: models,
 		MaxWait: maxWait.String(), RequestTimeout: "60s", LogLevel: "info",
 	})
 	sdks := make([]openai.Client, len(reps))
 	for i, r := range reps {
-		sdks[i] = r.sdk(e2eTenantKey)
+		sdks[i] = r.SDK(e2eutil.TenantKey)
 	}
 
 	type result struct {
@@ -89,7 +90,7 @@ func TestE2EReplicasShareProviderRPM(t *testing.T) {
 		p := chatParams("warm-up", 4)
 		p.Model = "gpt-4.1-mini"
 		if _, err := c.Chat.Completions.New(ctx, p); err != nil {
-			t.Fatalf("warm-up via %s: %v", reps[i].name, err)
+			t.Fatalf("warm-up via %s: %v", reps[i].Name, err)
 		}
 	}
 	for i := range warmup {
@@ -173,12 +174,12 @@ func TestE2EReplicasShareProviderRPM(t *testing.T) {
 	// Every window of the arrivals fits the provider's bucket: at most
 	// rpm at once, plus rpm/60 per second of the window.
 	slices.SortFunc(arrivals, func(a, b time.Time) int { return a.Compare(b) })
-	checkBucketBound(t, arrivals, rpm, rpm/60.0)
+	e2eutil.CheckBucketBound(t, arrivals, rpm, rpm/60.0)
 	// The burst started far from the limit, where the replicas admit from
 	// local quota blocks (on by default with Redis): the bound above held
 	// with them too.
-	local := sumMetric(t, ctx, reps, `llmgate_rate_limit_admissions_total{path="local"}`)
-	store := sumMetric(t, ctx, reps, `llmgate_rate_limit_admissions_total{path="store"}`)
+	local := e2eutil.SumMetric(t, ctx, reps, `llmgate_rate_limit_admissions_total{path="local"}`)
+	store := e2eutil.SumMetric(t, ctx, reps, `llmgate_rate_limit_admissions_total{path="store"}`)
 	t.Logf("admissions: %.0f from local blocks, %.0f decided by Redis", local, store)
 	if local == 0 {
 		t.Error("no request was admitted from a local quota block; this test should cover them")
@@ -193,7 +194,7 @@ func TestE2EReplicasShareProviderRPM(t *testing.T) {
 // never answers 429.
 func TestE2EMemoryStoreLocalQuota(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	// The gateway's quota is a little below the provider's, as it should be
 	// configured: two buckets of the same size in two processes can differ
 	// by a fraction of a request (the provider's stays full a moment longer
@@ -211,14 +212,14 @@ func TestE2EMemoryStoreLocalQuota(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 			defer cancel()
 			// A provider of its own: its quota starts full, as the gateway's.
-			s := newE2ESim(t, sim.Config{RPM: providerRPM, APIKeys: []string{e2eProviderKey}})
+			s := newE2ESim(t, sim.Config{RPM: providerRPM, APIKeys: []string{e2eutil.ProviderKey}})
 			cfg := gatewayConfig{
 				Store: "memory", SimURL: s.url, Limits: fmt.Sprintf("{rpm: %d}", rpm),
 				MaxWait: "200ms", LogLevel: "info",
 				Extra: fmt.Sprintf("state_dir: %q\n", t.TempDir()) + tc.extra,
 			}
-			r := launchReplica(t, "memory-"+tc.name, cfg)
-			r.waitReady(t)
+			r := e2eutil.LaunchReplica(t, "memory-"+tc.name, cfg)
+			r.WaitReady(t)
 			// 4 clients, 200 requests: the first ones far from the limit,
 			// then up against it, where requests wait up to 200ms and get
 			// the gateway's 429.
@@ -235,9 +236,9 @@ func TestE2EMemoryStoreLocalQuota(t *testing.T) {
 			for range clients {
 				wg.Go(func() {
 					for range next {
-						rep := send(ctx, r, body)
+						rep := e2eutil.Send(ctx, r, body)
 						mu.Lock()
-						statuses[rep.status]++
+						statuses[rep.Status]++
 						mu.Unlock()
 					}
 				})
@@ -246,11 +247,11 @@ func TestE2EMemoryStoreLocalQuota(t *testing.T) {
 			elapsed := time.Since(start)
 			st := s.Stats().Total
 			calls, limited := st.Calls, st.RateLimited
-			local, err := r.metric(ctx, `llmgate_rate_limit_admissions_total{path="local"}`)
+			local, err := r.Metric(ctx, `llmgate_rate_limit_admissions_total{path="local"}`)
 			if err != nil {
 				t.Fatal(err)
 			}
-			store, err := r.metric(ctx, `llmgate_rate_limit_admissions_total{path="store"}`)
+			store, err := r.Metric(ctx, `llmgate_rate_limit_admissions_total{path="store"}`)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -280,84 +281,6 @@ func TestE2EMemoryStoreLocalQuota(t *testing.T) {
 	}
 }
 
-// checkBucketBound fails the test if some window [arrivals[i],
-// arrivals[j]] holds more arrivals than a token bucket of size burst
-// refilling at perSec admits: burst + perSec × the window's length. One
-// arrival of slack covers the time between the recording and the
-// provider's own clock reading.
-func checkBucketBound(t *testing.T, arrivals []time.Time, burst, perSec float64) {
-	t.Helper()
-	worst, worstI, worstJ := -1e18, 0, 0
-	for i := range arrivals {
-		for j := i; j < len(arrivals); j++ {
-			n := float64(j - i + 1)
-			allowed := burst + perSec*arrivals[j].Sub(arrivals[i]).Seconds()
-			if n-allowed > worst {
-				worst, worstI, worstJ = n-allowed, i, j
-			}
-		}
-	}
-	if len(arrivals) == 0 {
-		return
-	}
-	span := arrivals[worstJ].Sub(arrivals[worstI])
-	t.Logf("tightest window: %d arrivals in %v (the bucket allows %.1f)", worstJ-worstI+1, span.Round(time.Millisecond),
-		burst+perSec*span.Seconds())
-	if worst > 1 {
-		t.Errorf("%d requests reached the provider within %v; a bucket of %.0f refilling at %.1f/s allows %.1f",
-			worstJ-worstI+1, span, burst, perSec, burst+perSec*span.Seconds())
-	}
-}
-
-// observeSpend samples tenant's spend on every replica in turn, every
-// 20ms, until the returned func is called; that returns the highest spend
-// seen and the number of samples.
-func observeSpend(ctx context.Context, reps []*replica, tenant string) (stop func() (highest int64, samples int)) {
-	stopc, done := make(chan struct{}), make(chan struct{})
-	var highest int64
-	var samples int
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			if spent, _, err := usageOf(ctx, reps[i%len(reps)], tenant); err == nil {
-				highest = max(highest, spent)
-				samples++
-			}
-			select {
-			case <-stopc:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	return func() (int64, int) {
-		close(stopc)
-		<-done
-		return highest, samples
-	}
-}
-
-// usageOf reads the tenant's budget state from GET /admin/usage.
-func usageOf(ctx context.Context, r *replica, tenant string) (spent int64, holds int, err error) {
-	var out []struct {
-		Tenant string `json:"tenant"`
-		Budget *struct {
-			SpentTokens int64 `json:"spent_tokens"`
-			CapTokens   int64 `json:"cap_tokens"`
-			Reserved    int   `json:"live_reservations"`
-		} `json:"budget"`
-	}
-	if err := r.get(ctx, "/admin/usage?tenant="+tenant, e2eAdminToken, &out); err != nil {
-		return 0, 0, err
-	}
-	if len(out) != 1 || out[0].Budget == nil {
-		return 0, 0, fmt.Errorf("admin usage of %s has no budget: %+v", tenant, out)
-	}
-	return out[0].Budget.SpentTokens, out[0].Budget.Reserved, nil
-}
-
 // TestE2EBudgetStopsAcrossReplicas: a tenant with a 2,000-token daily
 // budget sends from 24 clients through three replicas at once. What it
 // spends never exceeds the budget, the provider served exactly what was
@@ -365,7 +288,7 @@ func usageOf(ctx context.Context, r *replica, tenant string) (spent int64, holds
 // insufficient_quota with x-should-retry: false.
 func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		budgetTokens = 2000
 		maxTokens    = 30
@@ -373,8 +296,8 @@ func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 		maxPerClient = 200 // far more than the budget allows
 	)
 	rds := testutil.StartRedis(t)
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 3, gatewayConfig{
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, LogLevel: "info",
 		Budget: fmt.Sprintf("{period: day, tokens: %d}", budgetTokens),
 	})
@@ -383,13 +306,13 @@ func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 
 	// An observer samples the spend while the clients run: it must never
 	// be above the budget, even for a moment.
-	stopObs := observeSpend(ctx, reps, "team-a")
+	stopObs := e2eutil.ObserveSpend(ctx, reps, "team-a")
 
 	var answered, stopped atomic.Int64
 	errs := make(chan error, len(reps)*perReplica)
 	var wg sync.WaitGroup
 	for ri, r := range reps {
-		c := r.sdk(e2eTenantKey)
+		c := r.SDK(e2eutil.TenantKey)
 		for k := range perReplica {
 			wg.Go(func() {
 				for n := range maxPerClient {
@@ -400,16 +323,16 @@ func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 					}
 					e := sdkError(err)
 					if e == nil || e.StatusCode != http.StatusTooManyRequests || e.Code != "insufficient_quota" {
-						errs <- fmt.Errorf("%s: %w", r.name, err)
+						errs <- fmt.Errorf("%s: %w", r.Name, err)
 						return
 					}
 					if v := e.Response.Header.Get("X-Should-Retry"); v != "false" {
-						errs <- fmt.Errorf("%s: insufficient_quota with x-should-retry %q, want false", r.name, v)
+						errs <- fmt.Errorf("%s: insufficient_quota with x-should-retry %q, want false", r.Name, v)
 					}
 					stopped.Add(1)
 					return
 				}
-				errs <- fmt.Errorf("%s: a client sent %d requests without reaching the end of the budget", r.name, maxPerClient)
+				errs <- fmt.Errorf("%s: a client sent %d requests without reaching the end of the budget", r.Name, maxPerClient)
 			})
 		}
 	}
@@ -421,7 +344,7 @@ func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 	}
 
 	// Settles run after the answers: wait until no reservation is live.
-	spent, holds := waitSettled(t, ctx, reps[0])
+	spent, holds := e2eutil.WaitSettled(t, ctx, reps[0], "team-a")
 	st := s.Stats().Total
 	t.Logf("%d answered, %d clients stopped by the budget; spent %d of %d tokens (highest sample %d of %d); provider counted %d+%d tokens",
 		answered.Load(), stopped.Load(), spent, budgetTokens, maxSeen, samples, st.PromptTokens, st.CompletionTokens)
@@ -442,7 +365,7 @@ func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 	// left is less than one request's estimate.
 	var lastPrompt int64
 	for i := range 100 {
-		sdk := reps[i%len(reps)].sdk(e2eTenantKey)
+		sdk := reps[i%len(reps)].SDK(e2eutil.TenantKey)
 		c, err := sdk.Chat.Completions.New(ctx, chatParams(fmt.Sprintf("budget %d/%d/%d", 9, 9, i), maxTokens))
 		if err != nil {
 			if e := sdkError(err); e == nil || e.Code != "insufficient_quota" {
@@ -452,7 +375,7 @@ func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 		}
 		lastPrompt = c.Usage.PromptTokens
 	}
-	spent, _ = waitSettled(t, ctx, reps[0])
+	spent, _ = e2eutil.WaitSettled(t, ctx, reps[0], "team-a")
 	if spent > budgetTokens {
 		t.Errorf("spent %d tokens of a %d-token budget", spent, budgetTokens)
 	}
@@ -460,34 +383,17 @@ func TestE2EBudgetStopsAcrossReplicas(t *testing.T) {
 		t.Errorf("%d tokens left, enough for another request (about %d), yet it was refused", budgetTokens-spent, lastPrompt+maxTokens)
 	}
 	for _, r := range reps {
-		resp, body := r.post(t, ctx, "/v1/chat/completions", e2eTenantKey,
+		resp, body := r.Post(t, ctx, "/v1/chat/completions", e2eutil.TenantKey,
 			`{"model":"gpt-4.1","max_tokens":30,"messages":[{"role":"user","content":"budget 9/9/9"}]}`)
 		e := decodeError(t, body)
 		if resp.StatusCode != http.StatusTooManyRequests || e.Error.Code != "insufficient_quota" || e.Error.Type != "insufficient_quota" ||
 			resp.Header.Get("X-Should-Retry") != "false" || resp.Header.Get("Retry-After") == "" {
-			t.Errorf("%s after the budget: %d, x-should-retry %q, retry-after %q, %s", r.name, resp.StatusCode,
+			t.Errorf("%s after the budget: %d, x-should-retry %q, retry-after %q, %s", r.Name, resp.StatusCode,
 				resp.Header.Get("X-Should-Retry"), resp.Header.Get("Retry-After"), body)
 		}
 	}
 	if got := s.Stats().Total; got.PromptTokens+got.CompletionTokens != spent {
 		t.Errorf("the provider served %d tokens, the budget charged %d", got.PromptTokens+got.CompletionTokens, spent)
-	}
-}
-
-// waitSettled polls the admin API until the tenant has no live
-// reservation, and returns what it spent.
-func waitSettled(t *testing.T, ctx context.Context, r *replica) (spent int64, holds int) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		spent, holds, err := usageOf(ctx, r, "team-a")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if holds == 0 || time.Now().After(deadline) {
-			return spent, holds
-		}
-		time.Sleep(20 * time.Millisecond) // polling the admin API: nothing to wait on
 	}
 }
 
@@ -503,11 +409,11 @@ const hello = `{"model":"gpt-4.1","max_tokens":3,"messages":[{"role":"user","con
 func provoke429(t *testing.T) (*e2eSim, []*replica, time.Time) {
 	t.Helper()
 	rds := testutil.StartRedis(t)
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, RPM: 5, APIKeys: []string{e2eProviderKey}})
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, RPM: 5, APIKeys: []string{e2eutil.ProviderKey}})
 	// A provider that does not advertise its quota in headers: the
 	// replicas learn it only from the 429's message.
 	s.hideLimits = true
-	reps := startReplicas(t, 3, gatewayConfig{
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, Limits: "{rpm: 1000}", MaxWait: "500ms", RequestTimeout: "30s",
 		// No retry inside the gateway: the provider's 429 reaches the
 		// client, which is what the tests watch for.
@@ -518,7 +424,7 @@ func provoke429(t *testing.T) (*e2eSim, []*replica, time.Time) {
 	// One at a time: its quota of 5, then the 429.
 	a := reps[0]
 	for i := range 10 {
-		resp, b := a.post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello)
+		resp, b := a.Post(t, ctx, "/v1/chat/completions", e2eutil.TenantKey, hello)
 		if resp.StatusCode == http.StatusOK {
 			continue
 		}
@@ -547,7 +453,7 @@ func provoke429(t *testing.T) (*e2eSim, []*replica, time.Time) {
 // once the provider's retry-after has passed, without another 429.
 func TestE2EProvider429HoldsBackEveryReplica(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	s, reps, first429 := provoke429(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -571,7 +477,7 @@ func TestE2EProvider429HoldsBackEveryReplica(t *testing.T) {
 				if i >= n {
 					return
 				}
-				resp, b, err := reps[(i+1)%len(reps)].tryPost(ctx, "/v1/chat/completions", e2eTenantKey, hello)
+				resp, b, err := reps[(i+1)%len(reps)].TryPost(ctx, "/v1/chat/completions", e2eutil.TenantKey, hello)
 				if err != nil {
 					outs[i] = out{status: -1, msg: err.Error()}
 					continue
@@ -588,7 +494,7 @@ func TestE2EProvider429HoldsBackEveryReplica(t *testing.T) {
 	after := s.Stats().Total
 	for i, o := range outs {
 		if o.status != http.StatusTooManyRequests || o.relayed {
-			t.Errorf("request %d via %s after the provider's 429: %d (relayed %v) %s", i, reps[(i+1)%len(reps)].name, o.status, o.relayed, o.msg)
+			t.Errorf("request %d via %s after the provider's 429: %d (relayed %v) %s", i, reps[(i+1)%len(reps)].Name, o.status, o.relayed, o.msg)
 			continue
 		}
 		ra, err := strconv.Atoi(o.retryAfter)
@@ -609,7 +515,7 @@ func TestE2EProvider429HoldsBackEveryReplica(t *testing.T) {
 	// A request that may wait 20s goes through once the provider's wait
 	// is over, on another replica, without a second 429.
 	start := time.Now()
-	resp, b := reps[2].post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello, "X-Llmgate-Max-Wait", "20s")
+	resp, b := reps[2].Post(t, ctx, "/v1/chat/completions", e2eutil.TenantKey, hello, "X-Llmgate-Max-Wait", "20s")
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("a request allowed to wait 20s: %d %s", resp.StatusCode, b)
 	}
@@ -631,7 +537,7 @@ func TestE2EProvider429HoldsBackEveryReplica(t *testing.T) {
 // later, past the others' wait. The provider answers one 429 in all.
 func TestE2ECooldownEndReleasesAHerd(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	s, reps, _ := provoke429(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -645,13 +551,13 @@ func TestE2ECooldownEndReleasesAHerd(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, r := range reps {
 		wg.Go(func() {
-			resp, b, err := r.tryPost(ctx, "/v1/chat/completions", e2eTenantKey, hello, "X-Llmgate-Max-Wait", "20s")
+			resp, b, err := r.TryPost(ctx, "/v1/chat/completions", e2eutil.TenantKey, hello, "X-Llmgate-Max-Wait", "20s")
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			outs[i] = out{resp.StatusCode, resp.Header.Get("X-Llmgate-Deployment") != "", time.Since(start)}
-			t.Logf("%s: %d after %v (from the provider: %v) %.100s", r.name, resp.StatusCode, outs[i].took.Round(time.Millisecond), outs[i].upstream, b)
+			t.Logf("%s: %d after %v (from the provider: %v) %.100s", r.Name, resp.StatusCode, outs[i].took.Round(time.Millisecond), outs[i].upstream, b)
 		})
 	}
 	wg.Wait()
@@ -668,7 +574,7 @@ func TestE2ECooldownEndReleasesAHerd(t *testing.T) {
 		case o.status == http.StatusTooManyRequests && !o.upstream && o.took >= 19*time.Second:
 			// the gateway's 429, after waiting its 20s
 		default:
-			t.Errorf("request via %s: %+v; want the provider's 200 or the gateway's 429 after 20s", reps[i].name, o)
+			t.Errorf("request via %s: %+v; want the provider's 200 or the gateway's 429 after 20s", reps[i].Name, o)
 		}
 	}
 	if through != 1 || st.Calls != 6 {
@@ -687,11 +593,11 @@ func TestE2ECooldownEndReleasesAHerd(t *testing.T) {
 // within 15 s of the kill.
 func TestE2EKilledReplicaFreesConcurrency(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const hold = config.DefaultReservationHold // running requests renew it every half hold
 	rds := testutil.StartRedis(t)
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: time.Second, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 3, gatewayConfig{
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, TokenDelay: time.Second, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, Limits: "{concurrency: 2}", MaxWait: "0s",
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
@@ -700,7 +606,7 @@ func TestE2EKilledReplicaFreesConcurrency(t *testing.T) {
 
 	// Two streams through A; each holds a permit once its first chunk came.
 	var streams []*ssestream.Stream[openai.ChatCompletionChunk]
-	ac := a.sdk(e2eTenantKey)
+	ac := a.SDK(e2eutil.TenantKey)
 	for i := range 2 {
 		st := ac.Chat.Completions.NewStreaming(ctx, chatParams(fmt.Sprintf("a long story %d", i), 100))
 		if !st.Next() {
@@ -710,20 +616,20 @@ func TestE2EKilledReplicaFreesConcurrency(t *testing.T) {
 	}
 	refused := func(r *replica) int {
 		t.Helper()
-		resp, b := r.post(t, ctx, "/v1/chat/completions", e2eTenantKey, `{"model":"gpt-4.1","max_tokens":1,"messages":[{"role":"user","content":"one more"}]}`)
+		resp, b := r.Post(t, ctx, "/v1/chat/completions", e2eutil.TenantKey, `{"model":"gpt-4.1","max_tokens":1,"messages":[{"role":"user","content":"one more"}]}`)
 		e := decodeError(t, b)
 		if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(e.Error.Message, "concurrency") {
-			t.Fatalf("a third request via %s: %d %s", r.name, resp.StatusCode, b)
+			t.Fatalf("a third request via %s: %d %s", r.Name, resp.StatusCode, b)
 		}
 		ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
 		if err != nil {
-			t.Fatalf("a third request via %s: retry-after %q", r.name, resp.Header.Get("Retry-After"))
+			t.Fatalf("a third request via %s: retry-after %q", r.Name, resp.Header.Get("Retry-After"))
 		}
 		return ra
 	}
 	refused(reps[1]) // the limit holds while A is alive
 
-	a.kill(t)
+	a.Kill(t)
 	killedAt := time.Now()
 	for _, st := range streams {
 		for st.Next() {
@@ -739,9 +645,9 @@ func TestE2EKilledReplicaFreesConcurrency(t *testing.T) {
 	for _, r := range reps[1:] {
 		ra := refused(r)
 		if ra < 1 || time.Duration(ra)*time.Second > hold+time.Second {
-			t.Errorf("%s: retry-after %ds for the dead replica's permits; they must free within %v", r.name, ra, hold)
+			t.Errorf("%s: retry-after %ds for the dead replica's permits; they must free within %v", r.Name, ra, hold)
 		}
-		t.Logf("%s refuses a third request, retry-after %ds", r.name, ra)
+		t.Logf("%s refuses a third request, retry-after %ds", r.Name, ra)
 	}
 	// In Redis the permits are leases whose expiry (Redis time, ms) is at
 	// most the hold after they were taken.
@@ -782,12 +688,12 @@ func TestE2EKilledReplicaFreesConcurrency(t *testing.T) {
 	gots := make(chan got, 2)
 	for i, r := range reps[1:] {
 		go func() {
-			rc := r.sdk(e2eTenantKey)
+			rc := r.SDK(e2eutil.TenantKey)
 			st := rc.Chat.Completions.NewStreaming(ctx, chatParams(fmt.Sprintf("after the kill %d", i), 3),
 				option.WithHeader("X-Llmgate-Max-Wait", (hold+30*time.Second).String()))
 			defer st.Close()
 			if !st.Next() {
-				gots <- got{err: fmt.Errorf("%s: %w", r.name, st.Err())}
+				gots <- got{err: fmt.Errorf("%s: %w", r.Name, st.Err())}
 				return
 			}
 			gots <- got{at: time.Now()}
@@ -815,57 +721,57 @@ func TestE2EKilledReplicaFreesConcurrency(t *testing.T) {
 // anything they print.
 func TestE2ESecretsNeverLogged(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
 	// testutil's readiness PING has no password, so the password is set
 	// once the server runs.
-	if line, err := rds.Do(t.Context(), "CONFIG", "SET", "requirepass", e2eRedisPass); err != nil || line != "+OK" {
+	if line, err := rds.Do(t.Context(), "CONFIG", "SET", "requirepass", e2eutil.RedisPass); err != nil || line != "+OK" {
 		t.Fatalf("CONFIG SET requirepass: %q %v", line, err)
 	}
-	store := "redis://:" + e2eRedisPass + "@" + rds.Addr
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1", "gpt-4.1-mini"}, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 3, gatewayConfig{
+	store := "redis://:" + e2eutil.RedisPass + "@" + rds.Addr
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1", "gpt-4.1-mini"}, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{
 		Store: store, SimURL: s.url, Limits: "{rpm: 100}", Budget: "{period: month, tokens: 100000}", BadProvider: true,
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	for _, r := range reps {
-		if !strings.Contains(r.stderr.String(), "store=redis://") {
-			t.Errorf("%s does not say which store it uses: %s", r.name, r.stderr.String())
+		if !strings.Contains(r.Stderr.String(), "store=redis://") {
+			t.Errorf("%s does not say which store it uses: %s", r.Name, r.Stderr.String())
 		}
-		c := r.sdk(e2eTenantKey)
+		c := r.SDK(e2eutil.TenantKey)
 		if _, err := c.Chat.Completions.New(ctx, chatParams("hello", 5)); err != nil {
-			t.Fatalf("%s: %v", r.name, err)
+			t.Fatalf("%s: %v", r.Name, err)
 		}
 		st := c.Chat.Completions.NewStreaming(ctx, chatParams("hello stream", 5))
 		for st.Next() {
 		}
 		if err := st.Err(); err != nil {
-			t.Fatalf("%s stream: %v", r.name, err)
+			t.Fatalf("%s stream: %v", r.Name, err)
 		}
 		// The provider refuses the other key: its 401 is relayed.
 		if _, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4.1-mini",
 			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}}); err == nil {
-			t.Errorf("%s: the provider accepted a key it does not know", r.name)
+			t.Errorf("%s: the provider accepted a key it does not know", r.Name)
 		} else if e := sdkError(err); e == nil || e.StatusCode != http.StatusUnauthorized {
-			t.Errorf("%s: provider refusing the key: %v", r.name, err)
+			t.Errorf("%s: provider refusing the key: %v", r.Name, err)
 		} else {
-			assertNoSecrets(t, r.name+" answer to a refused provider key", string(e.RawJSON()))
+			e2eutil.AssertNoSecrets(t, r.Name+" answer to a refused provider key", string(e.RawJSON()))
 		}
 		// A wrong tenant key, and the provider key used as a tenant key.
-		for _, key := range []string{"sk-wrong", e2eProviderKey, e2eAdminToken} {
-			resp, b := r.post(t, ctx, "/v1/chat/completions", key, `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}`)
+		for _, key := range []string{"sk-wrong", e2eutil.ProviderKey, e2eutil.AdminToken} {
+			resp, b := r.Post(t, ctx, "/v1/chat/completions", key, `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}`)
 			if resp.StatusCode != http.StatusUnauthorized {
-				t.Errorf("%s with a wrong key: %d %s", r.name, resp.StatusCode, b)
+				t.Errorf("%s with a wrong key: %d %s", r.Name, resp.StatusCode, b)
 			}
-			assertNoSecrets(t, r.name+" 401 answer", string(b))
+			e2eutil.AssertNoSecrets(t, r.Name+" 401 answer", string(b))
 		}
 		var v any
-		if err := r.get(ctx, "/admin/usage", e2eTenantKey, &v); err == nil || !strings.Contains(err.Error(), "401") {
-			t.Errorf("%s admin API with the tenant key: %v", r.name, err)
+		if err := r.Get(ctx, "/admin/usage", e2eutil.TenantKey, &v); err == nil || !strings.Contains(err.Error(), "401") {
+			t.Errorf("%s admin API with the tenant key: %v", r.Name, err)
 		}
-		if err := r.get(ctx, "/admin/usage", e2eAdminToken, &v); err != nil {
-			t.Errorf("%s admin API: %v", r.name, err)
+		if err := r.Get(ctx, "/admin/usage", e2eutil.AdminToken, &v); err != nil {
+			t.Errorf("%s admin API: %v", r.Name, err)
 		}
 	}
 
@@ -873,28 +779,28 @@ func TestE2ESecretsNeverLogged(t *testing.T) {
 	// budget fails closed), both logged.
 	rds.Stop()
 	for _, r := range reps {
-		resp, err := e2eHTTP.Get(r.url + "/readyz")
+		resp, err := e2eutil.HTTP.Get(r.URL + "/readyz")
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Errorf("%s /readyz without its store: %d", r.name, resp.StatusCode)
+			t.Errorf("%s /readyz without its store: %d", r.Name, resp.StatusCode)
 		}
-		resp, b := r.post(t, ctx, "/v1/chat/completions", e2eTenantKey, `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}`)
+		resp, b := r.Post(t, ctx, "/v1/chat/completions", e2eutil.TenantKey, `{"model":"gpt-4.1","messages":[{"role":"user","content":"hi"}]}`)
 		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Errorf("%s without its store: %d %s", r.name, resp.StatusCode, b)
+			t.Errorf("%s without its store: %d %s", r.Name, resp.StatusCode, b)
 		}
-		assertNoSecrets(t, r.name+" answer without the store", string(b))
+		e2eutil.AssertNoSecrets(t, r.Name+" answer without the store", string(b))
 	}
 	for _, r := range reps {
-		r.stop(t)
-		out := r.stderr.String()
+		r.Stop(t)
+		out := r.Stderr.String()
 		if !strings.Contains(out, "readiness check failed") || !strings.Contains(out, "level=ERROR") {
-			t.Errorf("%s did not log the store outage:\n%s", r.name, out)
+			t.Errorf("%s did not log the store outage:\n%s", r.Name, out)
 		}
-		assertNoSecrets(t, r.name+" stderr", out)
-		assertNoSecrets(t, r.name+" stdout", r.stdout.String())
+		e2eutil.AssertNoSecrets(t, r.Name+" stderr", out)
+		e2eutil.AssertNoSecrets(t, r.Name+" stdout", r.Stdout.String())
 	}
 }
 
@@ -904,35 +810,35 @@ func TestE2ESecretsNeverLogged(t *testing.T) {
 // fail open by default).
 func TestE2EStoreDownBudgetPolicy(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
 	cfg := gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info", Budget: "{period: day, tokens: 100000}"}
-	closed := launchReplica(t, "fail-closed", cfg)
+	closed := e2eutil.LaunchReplica(t, "fail-closed", cfg)
 	cfg.Extra = "budget: {fail_open: true}\n"
-	open := launchReplica(t, "fail-open", cfg)
-	closed.waitReady(t)
-	open.waitReady(t)
+	open := e2eutil.LaunchReplica(t, "fail-open", cfg)
+	closed.WaitReady(t)
+	open.WaitReady(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	for _, r := range []*replica{closed, open} {
-		if resp, b := r.post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello); resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s with its store: %d %s", r.name, resp.StatusCode, b)
+		if resp, b := r.Post(t, ctx, "/v1/chat/completions", e2eutil.TenantKey, hello); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s with its store: %d %s", r.Name, resp.StatusCode, b)
 		}
 	}
 
 	rds.Stop()
-	resp, b := closed.post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello)
+	resp, b := closed.Post(t, ctx, "/v1/chat/completions", e2eutil.TenantKey, hello)
 	if e := decodeError(t, b); resp.StatusCode != http.StatusServiceUnavailable || e.Error.Code != "store_unavailable" {
-		t.Errorf("%s without its store: %d %s; want 503 store_unavailable", closed.name, resp.StatusCode, b)
+		t.Errorf("%s without its store: %d %s; want 503 store_unavailable", closed.Name, resp.StatusCode, b)
 	}
-	resp, b = open.post(t, ctx, "/v1/chat/completions", e2eTenantKey, hello)
+	resp, b = open.Post(t, ctx, "/v1/chat/completions", e2eutil.TenantKey, hello)
 	if resp.StatusCode != http.StatusOK {
-		t.Errorf("%s (budget.fail_open: true) without its store: %d %s; want the answer", open.name, resp.StatusCode, b)
+		t.Errorf("%s (budget.fail_open: true) without its store: %d %s; want the answer", open.Name, resp.StatusCode, b)
 	}
 	// Its usage cannot be recorded: a graceful stop would retry that for
 	// 10s (settleTimeout), which is not what this test is about.
-	open.kill(t)
+	open.Kill(t)
 }
 
 // TestE2ECheckConfig runs 'llmgate check-config' on a valid and on an
@@ -940,14 +846,14 @@ func TestE2EStoreDownBudgetPolicy(t *testing.T) {
 // the environment.
 func TestE2ECheckConfig(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	dir := t.TempDir()
 	valid := gatewayConfig{
-		Store: "redis://:" + e2eRedisPass + "@127.0.0.1:6379/0", SimURL: "http://127.0.0.1:9/v1",
+		Store: "redis://:" + e2eutil.RedisPass + "@127.0.0.1:6379/0", SimURL: "http://127.0.0.1:9/v1",
 		Limits: "{rpm: 600, tpm: 100000, concurrency: 4}", Budget: "{period: month, tokens: 5000}",
-	}.yaml()
+	}.YAML()
 	invalid := strings.NewReplacer(
-		"store: \"redis://:"+e2eRedisPass+"@127.0.0.1:6379/0\"", "store: \"redis://:"+e2eRedisPass+"@127.0.0.1:notaport/0\"",
+		"store: \"redis://:"+e2eutil.RedisPass+"@127.0.0.1:6379/0\"", "store: \"redis://:"+e2eutil.RedisPass+"@127.0.0.1:notaport/0\"",
 		"{period: month, tokens: 5000}", "{period: week, tokens: 5000}",
 		"{rpm: 600,", "{rpm: -600,",
 	).Replace(valid)
@@ -962,7 +868,7 @@ func TestE2ECheckConfig(t *testing.T) {
 	typo := write("typo.yaml", valid+"max_wat: 3s\n")
 
 	t.Run("valid", func(t *testing.T) {
-		p := startLlmgate(t, e2eEnv, "check-config", validPath)
+		p := startLlmgate(t, e2eutil.Env, "check-config", validPath)
 		code, _ := p.wait(t)
 		out, errOut := p.stdout.String(), p.stderr.String()
 		for _, want := range []string{"sim/gpt-4.1  rpm 600, tpm 100000, concurrency 4", "$E2E_PROVIDER_KEY (set)",
@@ -974,10 +880,10 @@ func TestE2ECheckConfig(t *testing.T) {
 		if code != 0 || errOut != "" || t.Failed() {
 			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 		}
-		assertNoSecrets(t, "check-config output", out+errOut)
+		e2eutil.AssertNoSecrets(t, "check-config output", out+errOut)
 	})
 	t.Run("invalid", func(t *testing.T) {
-		p := startLlmgate(t, e2eEnv, "check-config", invalidPath)
+		p := startLlmgate(t, e2eutil.Env, "check-config", invalidPath)
 		code, _ := p.wait(t)
 		out, errOut := p.stdout.String(), p.stderr.String()
 		if code != 2 || out != "" {
@@ -988,17 +894,17 @@ func TestE2ECheckConfig(t *testing.T) {
 				t.Errorf("stderr does not mention %q:\n%s", want, errOut)
 			}
 		}
-		assertNoSecrets(t, "check-config output", out+errOut)
+		e2eutil.AssertNoSecrets(t, "check-config output", out+errOut)
 		t.Logf("stderr:\n%s", errOut)
 	})
 	t.Run("unknown key", func(t *testing.T) {
-		p := startLlmgate(t, e2eEnv, "check-config", typo)
+		p := startLlmgate(t, e2eutil.Env, "check-config", typo)
 		code, _ := p.wait(t)
 		out, errOut := p.stdout.String(), p.stderr.String()
 		if code != 2 || out != "" || !strings.Contains(errOut, "max_wat") || !strings.Contains(errOut, "line") {
 			t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 		}
-		assertNoSecrets(t, "check-config output", out+errOut)
+		e2eutil.AssertNoSecrets(t, "check-config output", out+errOut)
 		t.Logf("stderr:\n%s", errOut)
 	})
 }
@@ -1008,16 +914,16 @@ func TestE2ECheckConfig(t *testing.T) {
 // provider, says so, and serves the official SDK (JSON and stream).
 func TestE2EServeEmbeddedDefault(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	home := t.TempDir()
-	r := launchServe(t, "default", []string{"HOME=" + home, "XDG_STATE_HOME=", "OPENAI_API_KEY="}, "--listen", "127.0.0.1:0")
-	r.waitReady(t)
-	if !strings.Contains(r.stderr.String(), "running the embedded default (memory store, built-in simulated provider)") {
-		t.Errorf("serve does not say it runs the embedded default:\n%s", r.stderr.String())
+	r := e2eutil.Launch(t, "default", []string{"HOME=" + home, "XDG_STATE_HOME=", "OPENAI_API_KEY="}, "--listen", "127.0.0.1:0")
+	r.WaitReady(t)
+	if !strings.Contains(r.Stderr.String(), "running the embedded default (memory store, built-in simulated provider)") {
+		t.Errorf("serve does not say it runs the embedded default:\n%s", r.Stderr.String())
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	c := r.sdk("any-key")
+	c := r.SDK("any-key")
 	params := openai.ChatCompletionNewParams{
 		Model:    "gpt-4.1-mini",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("What is a token bucket?")},
@@ -1045,7 +951,7 @@ func TestE2EServeEmbeddedDefault(t *testing.T) {
 			cc.Choices[0].Message.Content, cc.Usage)
 	}
 	// The memory store keeps its state under $HOME/.local/state/llmgate.
-	r.stop(t)
+	r.Stop(t)
 	if _, err := os.Stat(filepath.Join(home, ".local", "state", "llmgate")); err != nil {
 		t.Errorf("state directory: %v", err)
 	}

@@ -11,37 +11,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/rueidis"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 	lockredis "github.com/llmgate/llmgate/lock/redis"
 )
-
-// pause stops the replica's process with SIGSTOP, as a stalled VM or a
-// debugger would, and returns how to let it run again; the test's cleanup
-// lets it run in any case, before the replica is stopped.
-func (r *replica) pause(t *testing.T) (resume func()) {
-	t.Helper()
-	pid := r.cmd.Process.Pid
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatalf("SIGSTOP %s: %v", r.name, err)
-	}
-	var once sync.Once
-	resume = func() {
-		once.Do(func() {
-			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-				t.Errorf("SIGCONT %s: %v", r.name, err)
-			}
-		})
-	}
-	t.Cleanup(resume)
-	return resume
-}
 
 // laneWaiters counts the requests queued for admission in every lane of
 // the Redis rate-limit store (the lanes' sorted sets, "...:q:LANE").
@@ -81,20 +60,20 @@ func checkSessionCalls(t *testing.T, calls []upstreamCall, want []int) {
 	var prevFence uint64
 	for i := range calls {
 		c := &calls[i]
-		m := pausedTurnRE.FindStringSubmatch(c.body)
+		m := pausedTurnRE.FindStringSubmatch(c.Body)
 		if m == nil {
 			continue
 		}
 		k, _ := strconv.Atoi(m[1])
 		got = append(got, k)
-		fence, err := strconv.ParseUint(c.fence, 10, 64)
+		fence, err := strconv.ParseUint(c.Fence, 10, 64)
 		if err != nil {
-			t.Errorf("turn %d reached the provider with x-fencing-token %q", k, c.fence)
+			t.Errorf("turn %d reached the provider with x-fencing-token %q", k, c.Fence)
 		}
 		if prev != nil {
-			if prev.done.IsZero() || c.at.Before(prev.done) {
+			if prev.Done.IsZero() || c.At.Before(prev.Done) {
 				t.Errorf("turn %d reached the provider at %s, while it was still serving the turn before (done %s)",
-					k, c.at.Format("15:04:05.000"), prev.done.Format("15:04:05.000"))
+					k, c.At.Format("15:04:05.000"), prev.Done.Format("15:04:05.000"))
 			}
 			if fence <= prevFence {
 				t.Errorf("turn %d: fencing token %d, not above the previous turn's %d", k, fence, prevFence)
@@ -112,15 +91,15 @@ func checkSessionCalls(t *testing.T, calls []upstreamCall, want []int) {
 // session id nowhere in it.
 func checkLost(t *testing.T, ctx context.Context, r *replica, session string) {
 	t.Helper()
-	if n, err := r.metric(ctx, "llmgate_session_leases_lost_total"); err != nil || n != 1 {
-		t.Errorf("%s: llmgate_session_leases_lost_total = %v (%v); want 1", r.name, n, err)
+	if n, err := r.Metric(ctx, "llmgate_session_leases_lost_total"); err != nil || n != 1 {
+		t.Errorf("%s: llmgate_session_leases_lost_total = %v (%v); want 1", r.Name, n, err)
 	}
-	out := r.stderr.String()
+	out := r.Stderr.String()
 	if !strings.Contains(out, "session lease lost") {
-		t.Errorf("%s logged nothing about the lost lease:\n%s", r.name, out)
+		t.Errorf("%s logged nothing about the lost lease:\n%s", r.Name, out)
 	}
 	if strings.Contains(out, session) {
-		t.Errorf("%s logged the session id %q:\n%s", r.name, session, out)
+		t.Errorf("%s logged the session id %q:\n%s", r.Name, session, out)
 	}
 }
 
@@ -132,7 +111,7 @@ func checkLost(t *testing.T, ctx context.Context, r *replica, session string) {
 // session_lost, counted and logged on A, and A serves the next turn.
 func TestE2ESessionHolderPaused(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		ttl     = 2 * time.Second
 		session = "conv-paused-7e1b"
@@ -153,8 +132,8 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 	t.Run("waiting for admission", func(t *testing.T) {
 		const hold = 3 * ttl
 		rds := testutil.StartRedis(t)
-		s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
-		reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info",
+		s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
+		reps := e2eutil.StartReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info",
 			Limits: "{concurrency: 1}", MaxWait: "60s",
 			// The blocker's permit must outlive a stalled renewal on a
 			// loaded machine (renewed every half hold), or it frees and
@@ -165,25 +144,25 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 		client := rds.Client(t)
 		locks := lockredis.New(client, lockredis.Config{})
 
-		s.hold()
+		s.Hold()
 		blocker := make(chan reply, 1)
 		go func() {
-			blocker <- send(ctx, reps[2], `{"model":"gpt-4.1","max_tokens":4,"messages":[{"role":"user","content":"blocker"}]}`)
+			blocker <- e2eutil.Send(ctx, reps[2], `{"model":"gpt-4.1","max_tokens":4,"messages":[{"role":"user","content":"blocker"}]}`)
 		}()
-		s.waitArrival(t, "blocker", 30*time.Second)
+		s.WaitArrival(t, "blocker", 30*time.Second)
 		first := make(chan reply, 1)
-		go func() { first <- send(ctx, reps[0], turn(1), hdr...) }()
+		go func() { first <- e2eutil.Send(ctx, reps[0], turn(1), hdr...) }()
 		waitUntil(t, 30*time.Second, "turn 1 waits for admission", func() bool { return laneWaiters(t, ctx, client) == 1 })
 
-		resume := reps[0].pause(t)
+		resume := reps[0].Pause(t)
 		pausedAt := time.Now()
-		for _, c := range s.seen() {
-			if strings.Contains(c.body, `session p turn 1"`) {
+		for _, c := range s.Seen() {
+			if strings.Contains(c.Body, `session p turn 1"`) {
 				t.Fatal("turn 1 reached the provider before A was paused: it was not waiting for admission")
 			}
 		}
 		second := make(chan reply, 1)
-		go func() { second <- send(ctx, reps[1], turn(2), hdr...) }()
+		go func() { second <- e2eutil.Send(ctx, reps[1], turn(2), hdr...) }()
 		waitUntil(t, 30*time.Second, "turn 2 waits for the session", func() bool {
 			n, err := locks.Waiters(ctx, key)
 			if err != nil {
@@ -191,19 +170,19 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 			}
 			return n == 1 || time.Since(pausedAt) > ttl // past the TTL it may hold it already
 		})
-		s.release() // the permit is free: the paused turn 1 is first in line for it
+		s.Release() // the permit is free: the paused turn 1 is first in line for it
 
 		// A's lease runs out within the TTL of the pause; the permit the
 		// queue handed to the paused A, within one reservation hold of
 		// that.
 		bound := ttl + hold + margin
-		s.waitArrival(t, `session p turn 2"`, bound)
+		s.WaitArrival(t, `session p turn 2"`, bound)
 		t.Logf("turn 2 reached the provider %v after its session's holder was paused", time.Since(pausedAt).Round(time.Millisecond))
-		if r := <-second; r.err != nil || r.status != http.StatusOK {
-			t.Fatalf("turn 2 via %s: %d %v %s", reps[1].name, r.status, r.err, r.body)
+		if r := <-second; r.Err != nil || r.Status != http.StatusOK {
+			t.Fatalf("turn 2 via %s: %d %v %s", reps[1].Name, r.Status, r.Err, r.Body)
 		}
-		if b := <-blocker; b.err != nil || b.status != http.StatusOK {
-			t.Fatalf("blocker: %d %v %s", b.status, b.err, b.body)
+		if b := <-blocker; b.Err != nil || b.Status != http.StatusOK {
+			t.Fatalf("blocker: %d %v %s", b.Status, b.Err, b.Body)
 		}
 
 		resume()
@@ -214,17 +193,17 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 		case <-time.After(ttl + margin):
 			t.Fatalf("turn 1 not answered within %v of SIGCONT", ttl+margin)
 		}
-		t.Logf("turn 1 answered %v after SIGCONT", r1.done.Sub(resumedAt).Round(time.Millisecond))
-		if r := send(ctx, reps[0], turn(3), hdr...); r.err != nil || r.status != http.StatusOK {
-			t.Fatalf("turn 3 via %s after it ran again: %d %v %s", reps[0].name, r.status, r.err, r.body)
+		t.Logf("turn 1 answered %v after SIGCONT", r1.Done.Sub(resumedAt).Round(time.Millisecond))
+		if r := e2eutil.Send(ctx, reps[0], turn(3), hdr...); r.Err != nil || r.Status != http.StatusOK {
+			t.Fatalf("turn 3 via %s after it ran again: %d %v %s", reps[0].Name, r.Status, r.Err, r.Body)
 		}
-		checkSessionCalls(t, s.seen(), []int{2, 3})
-		if r1.err != nil || r1.status != http.StatusConflict {
-			t.Fatalf("turn 1 via the paused %s: %d %v %s; want 409 session_lost", reps[0].name, r1.status, r1.err, r1.body)
+		checkSessionCalls(t, s.Seen(), []int{2, 3})
+		if r1.Err != nil || r1.Status != http.StatusConflict {
+			t.Fatalf("turn 1 via the paused %s: %d %v %s; want 409 session_lost", reps[0].Name, r1.Status, r1.Err, r1.Body)
 		}
-		if e := decodeError(t, r1.body); e.Error.Code != "session_lost" || r1.header.Get("X-Should-Retry") != "false" {
+		if e := decodeError(t, r1.Body); e.Error.Code != "session_lost" || r1.Header.Get("X-Should-Retry") != "false" {
 			t.Errorf("turn 1 via the paused %s: %s (x-should-retry %q); want session_lost, not to be retried automatically",
-				reps[0].name, r1.body, r1.header.Get("X-Should-Retry"))
+				reps[0].Name, r1.Body, r1.Header.Get("X-Should-Retry"))
 		}
 		checkLost(t, ctx, reps[0], session)
 	})
@@ -237,8 +216,8 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 		rds := testutil.StartRedis(t)
 		// 6 tokens a 40th of the TTL apart: the provider is done with the
 		// stream well before A's lease can run out.
-		s := newGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: ttl / 40})
-		reps := startReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info",
+		s := e2eutil.NewGatedSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}, TokenDelay: ttl / 40})
+		reps := e2eutil.StartReplicas(t, 3, gatewayConfig{Store: rds.URL(), SimURL: s.URL, LogLevel: "info",
 			Extra: fmt.Sprintf("sessions: {ttl: %v}\n", ttl)})
 		ctx, cancel := context.WithTimeout(t.Context(), shareTimeout)
 		defer cancel()
@@ -252,16 +231,16 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 		go func() {
 			var out streamed
 			defer func() { first <- out }()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, reps[0].url+"/v1/chat/completions", strings.NewReader(
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, reps[0].URL+"/v1/chat/completions", strings.NewReader(
 				`{"model":"gpt-4.1","max_tokens":6,"stream":true,"messages":[{"role":"user","content":"session p turn 1"}]}`))
 			if err != nil {
 				out.err = err
 				return
 			}
-			req.Header.Set("Authorization", "Bearer "+e2eTenantKey)
+			req.Header.Set("Authorization", "Bearer "+e2eutil.TenantKey)
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set(hdr[0], hdr[1])
-			resp, err := e2eHTTP.Do(req)
+			resp, err := e2eutil.HTTP.Do(req)
 			if err != nil {
 				out.err = err
 				return
@@ -292,14 +271,14 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("turn 1's stream sent no token within 30s")
 		}
-		resume := reps[0].pause(t)
+		resume := reps[0].Pause(t)
 		pausedAt := time.Now()
-		r2 := send(ctx, reps[1], turn(2), hdr...)
-		t.Logf("turn 2 answered %v after its session's holder was paused mid-stream", r2.done.Sub(pausedAt).Round(time.Millisecond))
-		if r2.err != nil || r2.status != http.StatusOK {
-			t.Fatalf("turn 2 via %s: %d %v %s", reps[1].name, r2.status, r2.err, r2.body)
+		r2 := e2eutil.Send(ctx, reps[1], turn(2), hdr...)
+		t.Logf("turn 2 answered %v after its session's holder was paused mid-stream", r2.Done.Sub(pausedAt).Round(time.Millisecond))
+		if r2.Err != nil || r2.Status != http.StatusOK {
+			t.Fatalf("turn 2 via %s: %d %v %s", reps[1].Name, r2.Status, r2.Err, r2.Body)
 		}
-		if took := r2.done.Sub(pausedAt); took > ttl+margin {
+		if took := r2.Done.Sub(pausedAt); took > ttl+margin {
 			t.Errorf("turn 2 waited %v after the pause; a paused holder may keep a session for at most the lease (%v) plus a margin", took, ttl)
 		}
 
@@ -322,10 +301,10 @@ func TestE2ESessionHolderPaused(t *testing.T) {
 				t.Errorf("turn 1's stream was relayed to its end after the lease was lost: %q", r1.events)
 			}
 		}
-		if r := send(ctx, reps[0], turn(3), hdr...); r.err != nil || r.status != http.StatusOK {
-			t.Fatalf("turn 3 via %s after it ran again: %d %v %s", reps[0].name, r.status, r.err, r.body)
+		if r := e2eutil.Send(ctx, reps[0], turn(3), hdr...); r.Err != nil || r.Status != http.StatusOK {
+			t.Fatalf("turn 3 via %s after it ran again: %d %v %s", reps[0].Name, r.Status, r.Err, r.Body)
 		}
-		checkSessionCalls(t, s.seen(), []int{1, 2, 3})
+		checkSessionCalls(t, s.Seen(), []int{1, 2, 3})
 		checkLost(t, ctx, reps[0], session)
 	})
 }

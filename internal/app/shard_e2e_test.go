@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -24,10 +25,10 @@ import (
 // minute is refused, whichever deployment and replica it comes through.
 func TestE2EReplicasShardLimitsOverCluster(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	cl := testutil.StartCluster3(t)
 	models := []string{"gpt-4.1", "gpt-4.1-mini", "gpt-4o", "gpt-4o-mini"}
-	s := newE2ESim(t, sim.Config{Models: models, APIKeys: []string{e2eProviderKey}})
+	s := newE2ESim(t, sim.Config{Models: models, APIKeys: []string{e2eutil.ProviderKey}})
 	const teamBKey = "sk-e2e-team-b-3c9d0a7e61"
 	sum := sha256.Sum256([]byte(teamBKey))
 	cfg := gatewayConfig{
@@ -36,24 +37,24 @@ func TestE2EReplicasShardLimitsOverCluster(t *testing.T) {
 		// deployment's group.
 		Extra: "  - name: team-b\n    api_key_sha256: " + hex.EncodeToString(sum[:]) + "\n",
 	}
-	reps := startReplicasYAML(t, 2, tenantYAML(t, cfg, "    limits: {rpm: 4}\n"))
+	reps := e2eutil.StartReplicasYAML(t, 2, e2eutil.TenantYAML(t, cfg, "    limits: {rpm: 4}\n"))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	chat := func(i int, key, model string) (int, string) {
 		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"request %d"}],"max_tokens":4}`, model, i)
-		resp, b := reps[i%len(reps)].post(t, ctx, "/v1/chat/completions", key, body)
+		resp, b := reps[i%len(reps)].Post(t, ctx, "/v1/chat/completions", key, body)
 		return resp.StatusCode, string(b)
 	}
 	for i, m := range models {
 		if code, body := chat(i, teamBKey, m); code != http.StatusOK {
 			t.Fatalf("team-b on %s: %d %s", m, code, body)
 		}
-		if code, body := chat(i, e2eTenantKey, m); code != http.StatusOK {
+		if code, body := chat(i, e2eutil.TenantKey, m); code != http.StatusOK {
 			t.Fatalf("team-a's request %d on %s: %d %s", i, m, code, body)
 		}
 	}
 	for i := range 2 {
-		code, body := chat(i, e2eTenantKey, models[i])
+		code, body := chat(i, e2eutil.TenantKey, models[i])
 		if code != http.StatusTooManyRequests || !strings.Contains(body, "rate_limit_exceeded") || !strings.Contains(body, "this API key's limit") {
 			t.Fatalf("team-a's request past its 4 a minute, via replica %d: %d %s; want 429 on the tenant's limit", i, code, body)
 		}

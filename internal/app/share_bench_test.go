@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/llmgate/llmgate/internal/config"
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/gateway"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
@@ -56,7 +57,7 @@ type shareBench struct {
 // redis:// URL); cache opts the tenant into the response cache.
 func newShareBench(b *testing.B, store string, simCfg sim.Config, cache bool) *shareBench {
 	b.Helper()
-	up := newGatedSim(b, simCfg)
+	up := e2eutil.NewGatedSim(b, simCfg)
 	getenv := func(k string) string {
 		if k == shareBenchProviderEnv {
 			return "sk-share-bench-upstream"
@@ -69,7 +70,7 @@ func newShareBench(b *testing.B, store string, simCfg sim.Config, cache bool) *s
 		MaxWait:  config.DefaultMaxWait,
 		Log:      config.Log{Level: "error"},
 		Providers: []config.Provider{{
-			Name: "sim", Type: config.TypeOpenAI, BaseURL: up.url, APIKeyEnv: shareBenchProviderEnv, Models: []string{"gpt-4.1"},
+			Name: "sim", Type: config.TypeOpenAI, BaseURL: up.URL, APIKeyEnv: shareBenchProviderEnv, Models: []string{"gpt-4.1"},
 		}},
 		Tenants: []config.Tenant{{Name: "bench", APIKeySHA256: config.HashKey(shareBenchKey)}},
 		Source:  "share benchmark",
@@ -108,7 +109,7 @@ func newShareBench(b *testing.B, store string, simCfg sim.Config, cache bool) *s
 func (sb *shareBench) do(ctx context.Context, direct bool, body string) (role, cache string, took time.Duration, err error) {
 	url, key := sb.gwURL+"/v1/chat/completions", shareBenchKey
 	if direct {
-		url, key = sb.up.url+"/chat/completions", "sk-share-bench-upstream"
+		url, key = sb.up.URL+"/chat/completions", "sk-share-bench-upstream"
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
@@ -134,7 +135,7 @@ func (sb *shareBench) do(ctx context.Context, direct bool, body string) (role, c
 
 // followers reads the gateway's follower count from its /metrics.
 func (sb *shareBench) followers(ctx context.Context) (float64, error) {
-	return (&replica{name: "benchmark gateway", url: sb.gwURL}).metric(ctx, followerSeries)
+	return (&replica{Name: "benchmark gateway", URL: sb.gwURL}).Metric(ctx, followerSeries)
 }
 
 // shareBody is a chat completion request; deterministic ones have
@@ -266,7 +267,7 @@ func liveFollower(b *testing.B, ctx context.Context, sb *shareBench, body string
 	if err != nil {
 		b.Fatal(err)
 	}
-	sb.up.hold()
+	sb.up.Hold()
 	type result struct {
 		role string
 		done time.Time
@@ -278,9 +279,9 @@ func liveFollower(b *testing.B, ctx context.Context, sb *shareBench, body string
 		role, _, took, err := sb.do(ctx, false, body)
 		out <- result{role, time.Now(), took, err}
 	}
-	arrived := sb.up.count()
+	arrived := sb.up.Count()
 	go send(leader)
-	sb.up.waitCount(b, arrived+1, shareBenchTimeout)
+	sb.up.WaitCount(b, arrived+1, shareBenchTimeout)
 	go send(follower)
 	deadline := time.Now().Add(shareBenchTimeout)
 	for {
@@ -296,7 +297,7 @@ func liveFollower(b *testing.B, ctx context.Context, sb *shareBench, body string
 		}
 		time.Sleep(100 * time.Microsecond) // the gateway's metrics: nothing to wait on
 	}
-	sb.up.release()
+	sb.up.Release()
 	l, f := <-leader, <-follower
 	if l.err != nil || f.err != nil || l.role != "leader" || f.role != "follower" {
 		b.Fatalf("leader %q %v, follower %q %v", l.role, l.err, f.role, f.err)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/openai"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
@@ -100,7 +101,7 @@ func (w *stallingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // rate-limit reservation, no concurrency permit.
 func TestE2EShutdownSettlesCutStreams(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		streams    = 6
 		stallAfter = 5 // content chunks each stream gets before it hangs
@@ -111,7 +112,7 @@ func TestE2EShutdownSettlesCutStreams(t *testing.T) {
 		margin = 5 * time.Second
 	)
 	rds := testutil.StartRedis(t)
-	s := newStallingSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}, TokenDelay: 10 * time.Millisecond}, stallAfter)
+	s := newStallingSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}, TokenDelay: 10 * time.Millisecond}, stallAfter)
 	cfg := gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, LogLevel: "info",
 		Limits: "{rpm: 10000, tpm: 10000000, concurrency: 100}",
@@ -120,7 +121,7 @@ func TestE2EShutdownSettlesCutStreams(t *testing.T) {
 	}
 	// Replica B only reads the budget afterwards (it serves no request,
 	// so it holds nothing in the store itself).
-	reps := startReplicasYAML(t, 2, tenantYAML(t, cfg, "    limits: {tpm: 1000000, concurrency: 50}\n"))
+	reps := e2eutil.StartReplicasYAML(t, 2, e2eutil.TenantYAML(t, cfg, "    limits: {tpm: 1000000, concurrency: 50}\n"))
 	a, b := reps[0], reps[1]
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -143,14 +144,14 @@ func TestE2EShutdownSettlesCutStreams(t *testing.T) {
 	waitUntil(t, 10*time.Second, "every stream hangs at the provider", func() bool { return s.stalled.Load() == streams })
 
 	sigterm := time.Now()
-	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := a.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	// /readyz, each time on a new connection, until the listener refuses.
 	poll := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Second}
 	var notReady, refused time.Time
 	for refused.IsZero() {
-		resp, err := poll.Get(a.url + "/readyz")
+		resp, err := poll.Get(a.URL + "/readyz")
 		switch {
 		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF):
 			// Refused, or reset from the backlog of the listener closing.
@@ -192,23 +193,23 @@ func TestE2EShutdownSettlesCutStreams(t *testing.T) {
 		}
 	}
 	select {
-	case <-a.done:
+	case <-a.Done:
 	case <-time.After(drainDelay + grace + settleWait + margin - time.Since(sigterm)):
-		t.Fatalf("%s still running %v after SIGTERM:\n%s", a.name, time.Since(sigterm), a.stderr.String())
+		t.Fatalf("%s still running %v after SIGTERM:\n%s", a.Name, time.Since(sigterm), a.Stderr.String())
 	}
-	if code := a.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Errorf("%s exited %d after SIGTERM; want 0:\n%s", a.name, code, a.stderr.String())
+	if code := a.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("%s exited %d after SIGTERM; want 0:\n%s", a.Name, code, a.Stderr.String())
 	}
-	out := a.stderr.String()
+	out := a.Stderr.String()
 	for _, phase := range []string{"shutting down: /readyz answers 503", "closing the listener", "shutdown grace over: cutting the requests still running",
 		"stopped: every request settled"} {
 		if !strings.Contains(out, phase) {
-			t.Errorf("%s did not log %q:\n%s", a.name, phase, out)
+			t.Errorf("%s did not log %q:\n%s", a.Name, phase, out)
 		}
 	}
 
 	// Everything was settled before the exit: read it at once, through B.
-	spent, holds, err := usageOf(ctx, b, "team-a")
+	spent, holds, err := e2eutil.UsageOf(ctx, b, "team-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,28 +281,28 @@ func assertNothingHeld(t *testing.T, ctx context.Context, rds *testutil.Redis) {
 // settled.
 func TestE2EShutdownSecondSignal(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		stallAfter = 3
 		wait       = time.Minute // drain_delay and shutdown_grace: far longer than the test
 	)
 	rds := testutil.StartRedis(t)
-	s := newStallingSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}}, stallAfter)
-	a := startReplicasYAML(t, 1, gatewayConfig{
+	s := newStallingSim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}}, stallAfter)
+	a := e2eutil.StartReplicasYAML(t, 1, gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, LogLevel: "info", Budget: "{period: day, tokens: 1000000}",
 		Extra: fmt.Sprintf("server: {drain_delay: %v, shutdown_grace: %v}\n", wait, wait),
-	}.yaml())[0]
+	}.YAML())[0]
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	br := openStalledStreams(t, ctx, a, 1, stallAfter)[0]
 	waitUntil(t, 10*time.Second, "the stream hangs at the provider", func() bool { return s.stalled.Load() == 1 })
 
 	sigterm := time.Now()
-	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := a.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	a.stderr.WaitFor(t, "shutting down: /readyz answers 503", 10*time.Second)
-	if err := a.cmd.Process.Signal(syscall.SIGINT); err != nil {
+	a.Stderr.WaitFor(t, "shutting down: /readyz answers 503", 10*time.Second)
+	if err := a.Cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
 	var rest bytes.Buffer
@@ -309,12 +310,12 @@ func TestE2EShutdownSecondSignal(t *testing.T) {
 		t.Errorf("the stream after the second signal: %q (%v); want the shutting_down error event", rest.String(), err)
 	}
 	select {
-	case <-a.done:
+	case <-a.Done:
 	case <-time.After(wait):
-		t.Fatalf("%s still running %v after two signals:\n%s", a.name, time.Since(sigterm), a.stderr.String())
+		t.Fatalf("%s still running %v after two signals:\n%s", a.Name, time.Since(sigterm), a.Stderr.String())
 	}
-	if code := a.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(a.stderr.String(), "second signal: skipping") {
-		t.Errorf("%s exited %d after two signals:\n%s", a.name, code, a.stderr.String())
+	if code := a.Cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(a.Stderr.String(), "second signal: skipping") {
+		t.Errorf("%s exited %d after two signals:\n%s", a.Name, code, a.Stderr.String())
 	}
 	t.Logf("exited %v after SIGTERM", time.Since(sigterm).Round(time.Millisecond))
 	assertNothingHeld(t, ctx, rds)
@@ -328,12 +329,12 @@ func openStalledStreams(t *testing.T, ctx context.Context, r *replica, n, stallA
 	var out []*bufio.Reader
 	for i := range n {
 		body := fmt.Sprintf(`{"model":"gpt-4.1","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"a long story, part %d"}]}`, i)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url+"/v1/chat/completions", strings.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.URL+"/v1/chat/completions", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Header.Set("Authorization", "Bearer "+e2eTenantKey)
-		resp, err := e2eHTTP.Do(req)
+		req.Header.Set("Authorization", "Bearer "+e2eutil.TenantKey)
+		resp, err := e2eutil.HTTP.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

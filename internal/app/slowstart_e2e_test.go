@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -23,14 +24,14 @@ import (
 // loaded machine may take seconds over its first answers).
 func TestE2EColdBurstOverConfiguredLimit(t *testing.T) {
 	t.Parallel()
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	const (
 		realRPM    = 120
 		perReplica = 100
 	)
 	rds := testutil.StartRedis(t)
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, RPM: realRPM, TTFT: 20 * time.Millisecond, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 3, gatewayConfig{
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, RPM: realRPM, TTFT: 20 * time.Millisecond, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{
 		Store: rds.URL(), SimURL: s.url, Limits: fmt.Sprintf("{rpm: %d}", 5*realRPM), MaxWait: "10s", LogLevel: "info",
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -43,10 +44,10 @@ func TestE2EColdBurstOverConfiguredLimit(t *testing.T) {
 		for k := range perReplica {
 			wg.Go(func() {
 				<-start
-				resp, _, err := r.tryPost(ctx, "/v1/chat/completions", e2eTenantKey,
-					fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":3,"messages":[{"role":"user","content":"burst %s %d"}]}`, r.name, k))
+				resp, _, err := r.TryPost(ctx, "/v1/chat/completions", e2eutil.TenantKey,
+					fmt.Sprintf(`{"model":"gpt-4.1","max_tokens":3,"messages":[{"role":"user","content":"burst %s %d"}]}`, r.Name, k))
 				if err != nil {
-					t.Errorf("%s: %v", r.name, err)
+					t.Errorf("%s: %v", r.Name, err)
 					return
 				}
 				statuses <- resp.StatusCode

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,10 +24,11 @@ func hasBudgets(cfg *config.Config) bool {
 
 // redisWarnings returns what the coordination Redis lacks for cfg.
 // Budgets need persistence (spend lives only in the store: a restart
-// without AOF forgets it) and no eviction (an evicted counter is spend
-// forgotten). Without budgets, a full Redis that evicts may still drop
-// locks, sessions and limits: allkeys-* any key, volatile-* any key with a
-// TTL, which they all have.
+// without AOF forgets it), no eviction (an evicted counter is spend
+// forgotten), and as many replicas as budget.ack_replicas waits for.
+// Without budgets, a full Redis that evicts may still drop locks,
+// sessions and limits: allkeys-* any key, volatile-* any key with a TTL,
+// which they all have.
 func redisWarnings(ctx context.Context, client rueidis.Client, cfg *config.Config) ([]string, error) {
 	policy, maxmemory, err := evictionPolicy(ctx, client)
 	if err != nil {
@@ -43,6 +45,17 @@ func redisWarnings(ctx context.Context, client rueidis.Client, cfg *config.Confi
 		}
 		if policy != "" && policy != "noeviction" {
 			w = append(w, fmt.Sprintf("budgets are on a Redis with maxmemory-policy %s: an evicted key is spend forgotten; set 'maxmemory-policy noeviction' (docs/budget.md)", policy))
+		}
+		if n := cfg.Budget.AckReplicas; n > 0 {
+			repl, err := client.Do(ctx, client.B().Info().Section("replication").Build()).ToString()
+			if err != nil {
+				return w, fmt.Errorf("INFO replication: %w", err)
+			}
+			if v, ok := infoField(repl, "connected_slaves"); ok {
+				if have, _ := strconv.Atoi(v); have < n {
+					w = append(w, fmt.Sprintf("budget.ack_replicas is %d, but the store's master has %d replicas: every budget write fails, and requests of tenants with a budget are refused (docs/failover.md)", n, have))
+				}
+			}
 		}
 		return w, nil
 	}

@@ -12,7 +12,8 @@ import (
 )
 
 // TestRedisWarnings: on a real Redis, set by CONFIG SET case by case,
-// budgets without AOF or with an evicting policy are warned about, a
+// budgets without AOF, with an evicting policy or with fewer replicas
+// than budget.ack_replicas are warned about, a
 // coordination store that may evict any key too, and a cache store that
 // is unbounded or refuses writes when full; a store set as docs/deploy.md
 // says gets no warning.
@@ -20,6 +21,7 @@ func TestRedisWarnings(t *testing.T) {
 	withBudget := &config.Config{Tenants: []config.Tenant{{Name: "a", Budget: &config.TenantBudget{Tokens: 10}}}}
 	noBudget := &config.Config{Tenants: []config.Tenant{{Name: "a"}}}
 	noBudget.Cache.MaxBytesPerTenant = 64 << 20
+	ackTwo := &config.Config{Tenants: withBudget.Tenants, Budget: config.BudgetStore{AckReplicas: 2}}
 	rds := testutil.StartRedis(t)
 	client := rds.Client(t)
 	for _, tc := range []struct {
@@ -39,6 +41,7 @@ func TestRedisWarnings(t *testing.T) {
 		{"cache refusing writes when full", nil, noBudget, cacheRedisWarnings, []string{"noeviction: once full it refuses writes"}},
 		{"cache as deploy.md says", []string{"maxmemory-policy", "allkeys-lru"}, noBudget, cacheRedisWarnings, nil},
 		{"cache without maxmemory", []string{"maxmemory", "0"}, noBudget, cacheRedisWarnings, []string{"without maxmemory: it holds up to cache.max_bytes_per_tenant (64MiB) per tenant"}},
+		{"acks from replicas it has not", []string{"maxmemory-policy", "noeviction"}, ackTwo, redisWarnings, []string{"ack_replicas is 2, but the store's master has 0 replicas"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if len(tc.set) > 0 {

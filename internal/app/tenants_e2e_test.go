@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgate/llmgate/internal/e2eutil"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/testutil"
 )
@@ -26,23 +27,23 @@ const propagation = time.Second
 
 // adminDo sends an admin API request with the admin token and returns the
 // status and body (it fails the test on a transport error).
-func (r *replica) adminDo(t *testing.T, ctx context.Context, method, path, body string) (int, []byte) {
+func adminDo(t *testing.T, ctx context.Context, r *replica, method, path, body string) (int, []byte) {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, r.url+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, r.URL+path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+e2eAdminToken)
+	req.Header.Set("Authorization", "Bearer "+e2eutil.AdminToken)
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := e2eHTTP.Do(req)
+	resp, err := e2eutil.HTTP.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s%s: %v", method, r.name, path, err)
+		t.Fatalf("%s %s%s: %v", method, r.Name, path, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -55,13 +56,13 @@ func (r *replica) adminDo(t *testing.T, ctx context.Context, method, path, body 
 // authStatus asks r for its models with key: 200 when a tenant has the
 // key, 401 when none does (no upstream call, so it measures only
 // authentication).
-func (r *replica) authStatus(ctx context.Context, key string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.url+"/v1/models", nil)
+func authStatus(ctx context.Context, r *replica, key string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+"/v1/models", nil)
 	if err != nil {
 		return 0, err
 	}
 	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := e2eHTTP.Do(req)
+	resp, err := e2eutil.HTTP.Do(req)
 	if err != nil {
 		return 0, err
 	}
@@ -72,33 +73,33 @@ func (r *replica) authStatus(ctx context.Context, key string) (int, error) {
 
 // waitAuth polls authStatus until it is want and returns how long after
 // since that was; it fails the test past bound.
-func (r *replica) waitAuth(t *testing.T, ctx context.Context, key string, want int, since time.Time, bound time.Duration) time.Duration {
+func waitAuth(t *testing.T, ctx context.Context, r *replica, key string, want int, since time.Time, bound time.Duration) time.Duration {
 	t.Helper()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		got, err := r.authStatus(ctx, key)
+		got, err := authStatus(ctx, r, key)
 		if err != nil {
 			t.Fatal(err)
 		}
 		took := time.Since(since)
 		if got == want {
 			if took > bound {
-				t.Errorf("%s: %d after %v, more than %v", r.name, want, took, bound)
+				t.Errorf("%s: %d after %v, more than %v", r.Name, want, took, bound)
 			}
 			return took
 		}
 		if took > bound {
-			t.Fatalf("%s: still %d after %v, want %d", r.name, got, bound, want)
+			t.Fatalf("%s: still %d after %v, want %d", r.Name, got, bound, want)
 		}
 		<-tick.C
 	}
 }
 
 // chatStatus sends a small chat request with key and returns its status.
-func (r *replica) chatStatus(t *testing.T, ctx context.Context, key string) (int, string) {
+func chatStatus(t *testing.T, ctx context.Context, r *replica, key string) (int, string) {
 	t.Helper()
-	resp, b := r.post(t, ctx, "/v1/chat/completions", key, `{"model":"gpt-4.1","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)
+	resp, b := r.Post(t, ctx, "/v1/chat/completions", key, `{"model":"gpt-4.1","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)
 	code := ""
 	if resp.StatusCode != http.StatusOK {
 		code = decodeError(t, b).Error.Code
@@ -108,13 +109,13 @@ func (r *replica) chatStatus(t *testing.T, ctx context.Context, key string) (int
 
 // roundTrip measures a cheap request to r (the median of 5): the slack a
 // time bound over the network allows on a loaded machine.
-func (r *replica) roundTrip(t *testing.T, ctx context.Context) time.Duration {
+func roundTrip(t *testing.T, ctx context.Context, r *replica) time.Duration {
 	t.Helper()
 	var ds []time.Duration
 	for range 5 {
 		start := time.Now()
 		var v any
-		if err := r.get(ctx, "/v1/models", e2eTenantKey, &v); err != nil {
+		if err := r.Get(ctx, "/v1/models", e2eutil.TenantKey, &v); err != nil {
 			t.Fatal(err)
 		}
 		ds = append(ds, time.Since(start))
@@ -125,21 +126,21 @@ func (r *replica) roundTrip(t *testing.T, ctx context.Context) time.Duration {
 
 // waitStatus sends chat requests with key to r until one gets want, and
 // returns how long after since that was; it fails the test past bound.
-func (r *replica) waitStatus(t *testing.T, ctx context.Context, key string, want int, since time.Time, bound time.Duration) time.Duration {
+func waitStatus(t *testing.T, ctx context.Context, r *replica, key string, want int, since time.Time, bound time.Duration) time.Duration {
 	t.Helper()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		got, code := r.chatStatus(t, ctx, key)
+		got, code := chatStatus(t, ctx, r, key)
 		if got == want {
 			took := time.Since(since)
 			if took > bound {
-				t.Errorf("%s: %d after %v, more than %v", r.name, want, took, bound)
+				t.Errorf("%s: %d after %v, more than %v", r.Name, want, took, bound)
 			}
 			return took
 		}
 		if time.Since(since) > bound {
-			t.Fatalf("%s: still %d %s after %v, want %d", r.name, got, code, bound, want)
+			t.Fatalf("%s: still %d %s after %v, want %d", r.Name, got, code, bound, want)
 		}
 		<-tick.C
 	}
@@ -150,17 +151,17 @@ func (r *replica) waitStatus(t *testing.T, ctx context.Context, key string, want
 // limit changes admissions there; a revoked key gets 401 on every replica
 // within a second; the changes are audited, the keys never logged.
 func TestTenantsManagedAtRunTime(t *testing.T) {
-	logRuntime(t)
+	e2eutil.LogRuntime(t)
 	rds := testutil.StartRedis(t)
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
-	reps := startReplicas(t, 2, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
+	reps := e2eutil.StartReplicas(t, 2, gatewayConfig{Store: rds.URL(), SimURL: s.url, LogLevel: "info"})
 	a, b := reps[0], reps[1]
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	bound := propagation + 2*max(a.roundTrip(t, ctx), b.roundTrip(t, ctx))
+	bound := propagation + 2*max(roundTrip(t, ctx, a), roundTrip(t, ctx, b))
 
 	// Created on A, in force on B.
-	st, body := a.adminDo(t, ctx, http.MethodPost, "/admin/tenants",
+	st, body := adminDo(t, ctx, a, http.MethodPost, "/admin/tenants",
 		`{"name":"runtime-1","limits":{"rpm":1},"max_wait":"0s","budget":{"period":"month","usd":5}}`)
 	created := time.Now()
 	if st != http.StatusCreated {
@@ -180,35 +181,35 @@ func TestTenantsManagedAtRunTime(t *testing.T) {
 	key1 := cr.APIKey
 	t.Cleanup(func() {
 		for _, r := range reps {
-			if out := r.stderr.String() + r.stdout.String(); strings.Contains(out, key1) {
-				t.Errorf("%s logged a tenant key made by the admin API", r.name)
+			if out := r.Stderr.String() + r.Stdout.String(); strings.Contains(out, key1) {
+				t.Errorf("%s logged a tenant key made by the admin API", r.Name)
 			}
 		}
 	})
-	took := b.waitAuth(t, ctx, key1, http.StatusOK, created, bound)
+	took := waitAuth(t, ctx, b, key1, http.StatusOK, created, bound)
 	t.Logf("a new tenant's key worked on the other replica %v after it was created", took.Round(time.Millisecond))
 
 	// Its limit (1 per minute, no wait) holds on both, then raised on B,
 	// in force on A.
-	if st, code := b.chatStatus(t, ctx, key1); st != http.StatusOK {
+	if st, code := chatStatus(t, ctx, b, key1); st != http.StatusOK {
 		t.Fatalf("the new tenant's first chat request: %d %s", st, code)
 	}
-	if st, code := a.chatStatus(t, ctx, key1); st != http.StatusTooManyRequests {
+	if st, code := chatStatus(t, ctx, a, key1); st != http.StatusTooManyRequests {
 		t.Fatalf("second request in the minute with rpm 1: %d %s, want 429", st, code)
 	}
 	// Raised so far that the tenant's bucket, empty, refills in
 	// milliseconds (a raised limit refills at the new rate; the bucket does
 	// not start full).
-	st, body = b.adminDo(t, ctx, http.MethodPatch, "/admin/tenants/runtime-1", `{"limits":{"rpm":600000}}`)
+	st, body = adminDo(t, ctx, b, http.MethodPatch, "/admin/tenants/runtime-1", `{"limits":{"rpm":600000}}`)
 	raised := time.Now()
 	if st != http.StatusOK || !strings.Contains(string(body), `"rpm":600000`) {
 		t.Fatalf("PATCH: %d %s", st, body)
 	}
-	took = a.waitStatus(t, ctx, key1, http.StatusOK, raised, bound)
+	took = waitStatus(t, ctx, a, key1, http.StatusOK, raised, bound)
 	t.Logf("a raised limit admitted a request on the other replica %v after the change", took.Round(time.Millisecond))
 
 	// Rotation: a second key, then the first revoked.
-	st, body = a.adminDo(t, ctx, http.MethodPost, "/admin/tenants/runtime-1/keys", "")
+	st, body = adminDo(t, ctx, a, http.MethodPost, "/admin/tenants/runtime-1/keys", "")
 	added := time.Now()
 	var kr struct {
 		KeyID  string `json:"key_id"`
@@ -217,19 +218,19 @@ func TestTenantsManagedAtRunTime(t *testing.T) {
 	if st != http.StatusCreated || json.Unmarshal(body, &kr) != nil || kr.APIKey == "" {
 		t.Fatalf("POST keys: %d %s", st, body)
 	}
-	b.waitAuth(t, ctx, kr.APIKey, http.StatusOK, added, bound)
-	st, body = a.adminDo(t, ctx, http.MethodDelete, "/admin/tenants/runtime-1/keys/"+cr.KeyID, "")
+	waitAuth(t, ctx, b, kr.APIKey, http.StatusOK, added, bound)
+	st, body = adminDo(t, ctx, a, http.MethodDelete, "/admin/tenants/runtime-1/keys/"+cr.KeyID, "")
 	revoked := time.Now()
 	if st != http.StatusOK {
 		t.Fatalf("DELETE key: %d %s", st, body)
 	}
 	for _, r := range reps {
-		took := r.waitAuth(t, ctx, key1, http.StatusUnauthorized, revoked, bound)
-		t.Logf("the revoked key got 401 on %s %v after the revocation", r.name, took.Round(time.Millisecond))
+		took := waitAuth(t, ctx, r, key1, http.StatusUnauthorized, revoked, bound)
+		t.Logf("the revoked key got 401 on %s %v after the revocation", r.Name, took.Round(time.Millisecond))
 	}
 	for _, r := range reps {
-		if st, code := r.chatStatus(t, ctx, kr.APIKey); st != http.StatusOK {
-			t.Errorf("the rotated-in key on %s: %d %s", r.name, st, code)
+		if st, code := chatStatus(t, ctx, r, kr.APIKey); st != http.StatusOK {
+			t.Errorf("the rotated-in key on %s: %d %s", r.Name, st, code)
 		}
 	}
 
@@ -247,7 +248,7 @@ func TestTenantsManagedAtRunTime(t *testing.T) {
 		{http.MethodPatch, "/admin/tenants/runtime-1", `{"limits":{"rpm":-1}}`, http.StatusBadRequest, "invalid_request_error"},
 		{http.MethodDelete, "/admin/tenants/nobody", "", http.StatusNotFound, "unknown_tenant"},
 	} {
-		st, body := b.adminDo(t, ctx, c.method, c.path, c.body)
+		st, body := adminDo(t, ctx, b, c.method, c.path, c.body)
 		var e apiErrorBody
 		_ = json.Unmarshal(body, &e)
 		if st != c.status || e.Error.Message == "" || (e.Error.Code != c.code && e.Error.Type != c.code) {
@@ -256,34 +257,34 @@ func TestTenantsManagedAtRunTime(t *testing.T) {
 	}
 
 	// Deleted: every key of the tenant is refused everywhere.
-	if st, body := b.adminDo(t, ctx, http.MethodDelete, "/admin/tenants/runtime-1", ""); st != http.StatusOK {
+	if st, body := adminDo(t, ctx, b, http.MethodDelete, "/admin/tenants/runtime-1", ""); st != http.StatusOK {
 		t.Fatalf("DELETE tenant: %d %s", st, body)
 	}
 	deleted := time.Now()
 	for _, r := range reps {
-		r.waitAuth(t, ctx, kr.APIKey, http.StatusUnauthorized, deleted, bound)
+		waitAuth(t, ctx, r, kr.APIKey, http.StatusUnauthorized, deleted, bound)
 	}
-	if st, _ := a.chatStatus(t, ctx, e2eTenantKey); st != http.StatusOK {
+	if st, _ := chatStatus(t, ctx, a, e2eutil.TenantKey); st != http.StatusOK {
 		t.Errorf("the file's tenant: %d", st)
 	}
 
 	// Audited: who (the admin token's hash prefix), what; never a key.
-	who := tokenHash(e2eAdminToken)[:8]
+	who := tokenHash(e2eutil.AdminToken)[:8]
 	for _, want := range []string{"action=tenant.create", "action=tenant.update", "action=key.create", "action=key.revoke"} {
-		if !strings.Contains(a.stderr.String()+b.stderr.String(), want) {
+		if !strings.Contains(a.Stderr.String()+b.Stderr.String(), want) {
 			t.Errorf("no audit line with %s", want)
 		}
 	}
-	if !strings.Contains(a.stderr.String(), "admin="+who) {
-		t.Errorf("the audit lines do not name the admin %s:\n%s", who, a.stderr.String())
+	if !strings.Contains(a.Stderr.String(), "admin="+who) {
+		t.Errorf("the audit lines do not name the admin %s:\n%s", who, a.Stderr.String())
 	}
 }
 
 // TestSIGHUPReloadsTenants: SIGHUP puts the file's new tenants in force;
 // an invalid file changes nothing, and the log says why.
 func TestSIGHUPReloadsTenants(t *testing.T) {
-	logRuntime(t)
-	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eProviderKey}})
+	e2eutil.LogRuntime(t)
+	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, APIKeys: []string{e2eutil.ProviderKey}})
 	cfg := gatewayConfig{Store: "memory", SimURL: s.url, LogLevel: "info"}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "llmgate.yaml")
@@ -292,33 +293,33 @@ func TestSIGHUPReloadsTenants(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	base := strings.Replace(cfg.yaml(), "tenants:\n", "state_dir: "+dir+"\ntenants:\n", 1)
+	base := strings.Replace(cfg.YAML(), "tenants:\n", "state_dir: "+dir+"\ntenants:\n", 1)
 	write(base)
-	r := launchServe(t, "replica-A", e2eEnv, "--config", path)
-	r.waitReady(t)
+	r := e2eutil.Launch(t, "replica-A", e2eutil.Env, "--config", path)
+	r.WaitReady(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 
 	const newKey = "sk-e2e-reloaded-tenant-3b91"
-	if st, _ := r.chatStatus(t, ctx, newKey); st != http.StatusUnauthorized {
+	if st, _ := chatStatus(t, ctx, r, newKey); st != http.StatusUnauthorized {
 		t.Fatalf("a key of no tenant: %d", st)
 	}
 	write(base + fmt.Sprintf("  - name: team-b\n    api_key_sha256: %s\n", tokenHash(newKey)))
-	if err := r.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := r.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	r.stderr.WaitFor(t, "configuration reloaded", 30*time.Second)
-	if st, code := r.chatStatus(t, ctx, newKey); st != http.StatusOK {
+	r.Stderr.WaitFor(t, "configuration reloaded", 30*time.Second)
+	if st, code := chatStatus(t, ctx, r, newKey); st != http.StatusOK {
 		t.Fatalf("the reloaded tenant's key: %d %s", st, code)
 	}
 
 	write("providers: [{name: broken\n")
-	if err := r.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := r.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	r.stderr.WaitFor(t, "the configuration in force stays", 30*time.Second)
-	for _, key := range []string{newKey, e2eTenantKey} {
-		if st, code := r.chatStatus(t, ctx, key); st != http.StatusOK {
+	r.Stderr.WaitFor(t, "the configuration in force stays", 30*time.Second)
+	for _, key := range []string{newKey, e2eutil.TenantKey} {
+		if st, code := chatStatus(t, ctx, r, key); st != http.StatusOK {
 			t.Errorf("after an invalid reload: %d %s", st, code)
 		}
 	}

@@ -176,7 +176,7 @@ func openStores(cfg *config.Config, log *slog.Logger) (_ *stores, err error) {
 			log.Warn(w)
 		}
 		limits = redisLimits(client)
-		budgets = budgetredis.New(client, budgetredis.Config{})
+		budgets = budgetredis.New(client, budgetredis.Config{AckReplicas: cfg.Budget.AckReplicas})
 		locks, dd := lockredis.New(client, lockredis.Config{}), dedupredis.New(client, dedupredis.Config{})
 		// Their wake-up subscriptions' connections are theirs to close.
 		st.close = func() { locks.Close(); dd.Close(); client.Close() }

@@ -562,6 +562,12 @@ type BudgetStore struct {
 	// and it is charged, not freed (see docs/budget.md). Default 30s; at
 	// least 1s.
 	ReservationTTL time.Duration `yaml:"reservation_ttl"`
+	// AckReplicas makes every budget write on a Redis store wait until
+	// this many replicas have it (WAIT), and fail closed when they do
+	// not: spend a failover would lose is refused instead (see
+	// docs/failover.md). Default 0: do not wait. Set it to the number of
+	// replicas of each master.
+	AckReplicas int `yaml:"ack_replicas"`
 }
 
 // RateLimitStore is how rate limits behave when the store cannot be reached.

@@ -102,7 +102,7 @@ upstream: {max_attempts: 1, backoff_base: 1s, backoff_max: 2s, breaker: {failure
   max_conns_per_host: 7, max_response_header_bytes: 64KiB, dial_timeout: 3s, tls_handshake_timeout: 4s}
 server: {read_header_timeout: 1s, body_timeout: 2s, write_timeout: 3s, stream_write_timeout: 4s, idle_timeout: 5s, max_connections: 6,
   drain_delay: 0s, shutdown_grace: 7s}
-budget: {fail_open: true, reservation_ttl: 1h}
+budget: {fail_open: true, reservation_ttl: 1h, ack_replicas: 2}
 ratelimit: {fail_closed: true}
 prices: {house: {input_per_mtok: 1, output_per_mtok: 2}, gpt-4o: {input_per_mtok: 9, output_per_mtok: 9}}
 `, nil)
@@ -111,7 +111,7 @@ prices: {house: {input_per_mtok: 1, output_per_mtok: 2}, gpt-4o: {input_per_mtok
 		c.Upstream != (Upstream{1, time.Second, 2 * time.Second, Breaker{2, time.Minute}, Timeout{time.Second, 2 * time.Second, 1.5}, 5 * time.Second,
 			7, 64 * KiB, 3 * time.Second, 4 * time.Second}) ||
 		c.Server != (Server{"", "", time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 5 * time.Second, 6, 0, 7 * time.Second}) ||
-		c.Budget != (BudgetStore{true, time.Hour}) || !c.RateLimit.FailClosed {
+		c.Budget != (BudgetStore{true, time.Hour, 2}) || !c.RateLimit.FailClosed {
 		t.Errorf("explicit values lost: %+v", c)
 	}
 	if c.Prices["house"] != (budget.Price{InputPerMTok: 1, OutputPerMTok: 2}) || c.Prices["gpt-4o"].InputPerMTok != 9 {

@@ -66,6 +66,9 @@ func (c *Config) Explain(w io.Writer, getenv func(string) string, extra ...strin
 		strconv.FormatFloat(u.Timeout.Multiplier, 'g', -1, 64), durationString(u.Timeout.Floor), durationString(u.Timeout.Ceiling), durationString(u.IdleTimeout))
 	row("store down", "budgets %s, rate limits %s", map[bool]string{false: "fail closed (requests refused)", true: "fail open (no budget check)"}[c.Budget.FailOpen],
 		map[bool]string{false: "fail open (no limit check)", true: "fail closed (requests refused)"}[c.RateLimit.FailClosed])
+	if n := c.Budget.AckReplicas; n > 0 {
+		row("budget writes", "each waits until %d replica(s) have it, and fails closed when they do not", n)
+	}
 	row("reservations", "budget holds are charged, not freed, %s after their replica stops renewing them; rate-limit reservations and permits free after %s without renewal",
 		durationString(c.Budget.ReservationTTL), durationString(c.RateLimit.ReservationHold))
 	if c.RateLimit.LocalQuotaOn() {

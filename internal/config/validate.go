@@ -224,6 +224,12 @@ func (v *validator) top() {
 	if ttl := c.Budget.ReservationTTL; ttl < time.Second {
 		v.add("budget.reservation_ttl", "is %v; must be at least 1s (running requests renew their holds every third of it), e.g. 30s", ttl)
 	}
+	switch n := c.Budget.AckReplicas; {
+	case n < 0:
+		v.add("budget.ack_replicas", "is %d; must be >= 0 (0: do not wait for replicas)", n)
+	case n > 0 && storeurl.IsMemory(c.Store):
+		v.add("budget.ack_replicas", "is %d, but the memory store has no replicas; use a redis store or remove it", n)
+	}
 }
 
 func (v *validator) upstream() {

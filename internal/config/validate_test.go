@@ -81,6 +81,10 @@ tenants:
 			[]string{`budget.reservation_ttl: is -1m; must be at least 1s (running requests renew their holds every third of it), e.g. 30s`}},
 		{"reservation ttl too short", P + "budget: {reservation_ttl: 500ms}", nil,
 			[]string{`budget.reservation_ttl: is 500ms; must be at least 1s (running requests renew their holds every third of it), e.g. 30s`}},
+		{"negative ack replicas", P + "store: redis://127.0.0.1:6379\nbudget: {ack_replicas: -1}", nil,
+			[]string{`budget.ack_replicas: is -1; must be >= 0 (0: do not wait for replicas)`}},
+		{"ack replicas on memory", P + "store: memory\nbudget: {ack_replicas: 2}", nil,
+			[]string{`budget.ack_replicas: is 2, but the memory store has no replicas; use a redis store or remove it`}},
 
 		// Upstream.
 		{"too many attempts", P + "upstream: {max_attempts: 11}", nil,

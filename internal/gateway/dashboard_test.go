@@ -80,12 +80,14 @@ func TestDashboardInChromium(t *testing.T) {
 	resp := h.post("/v1/chat/completions", tenantKey, `{"model":"nope","messages":[{"role":"user","content":"x"}]}`)
 	resp.Body.Close()
 
-	var want scraped
-	var dom pageState
+	var (
+		want scraped
+		dom  pageState
+	)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		// Each time: a request is counted once its handler returns,
-		// which may be after its client has the answer.
+		// Scraped afresh each time: a request is counted just after its
+		// client has the answer.
 		want = scrape(t, h)
 		raw, err := chromedp.Run(ctx, chromedp.Evaluate[string](readDashboard))
 		if err != nil {
@@ -100,7 +102,6 @@ func TestDashboardInChromium(t *testing.T) {
 		}
 		// The page catches up within a second; the settles may too.
 		if dom.Requests == want.requests && dom.Tenants["team-a"].SpentUSD == float64(st.Spent.MicroUSD)/1e6 && st.Holds == 0 {
-			want = scrape(t, h) // the settles' tokens are in now
 			if dom.Deployments["sim/gpt-4.1"].Tokens == want.tokens["sim/gpt-4.1"] {
 				break
 			}

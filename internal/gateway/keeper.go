@@ -7,21 +7,37 @@ import (
 	"time"
 
 	"github.com/llmgate/llmgate/budget"
+	"github.com/llmgate/llmgate/internal/openai"
 )
 
 // keepReservation keeps adm's rate-limit reservation alive while its
 // request runs (a long generation or stream), so that its concurrency
 // permit is not freed under it; a crashed replica's permits still free
-// themselves within one hold. It also records adm's deployment as the one
-// serving c, for c's budget renewals. The returned func stops it. One
-// goroutine does this for every request (see keeper): most end long
-// before their first renewal, and a timer each would cost them all.
+// themselves within one hold. A stream's renewals also record what it has
+// used so far (the prompt and the chunks streamed), so that if this
+// replica dies, the reservation expires charged that instead of its
+// estimate; a request that is not streamed keeps its estimate, since the
+// provider may well generate the whole answer. It also records adm's
+// deployment as the one serving c, for c's budget renewals. The returned
+// func stops it. One goroutine does this for every request (see keeper):
+// most end long before their first renewal, and a timer each would cost
+// them all.
 func (g *Gateway) keepReservation(c *call, adm admitted) keptReservation {
 	c.progress.dep.Store(adm.dep)
 	if adm.decision.ID == "" {
 		return keptReservation{}
 	}
-	return g.keeper.add(g, keptState{adm: adm})
+	st := keptState{adm: adm}
+	if c.req.Stream {
+		st.stream = c
+	}
+	return g.keeper.add(g, st)
+}
+
+// usedSoFar is what c, streamed under adm, has used of each of adm's
+// charges: its prompt and the content chunks streamed so far.
+func usedSoFar(c *call, adm admitted) []int64 {
+	return actualCosts(adm, &openai.Usage{PromptTokens: c.promptEstimate, CompletionTokens: c.progress.streamed.Load()})
 }
 
 // keepBudget keeps c's budget hold res alive while the request runs, and
@@ -56,10 +72,11 @@ type keeper struct {
 	stopped bool
 }
 
-// keptState is one renewed reservation: a rate-limit one (adm), or a
-// budget hold (c and res).
+// keptState is one renewed reservation: a rate-limit one (adm, and
+// stream when its request is streamed), or a budget hold (c and res).
 type keptState struct {
 	adm     admitted
+	stream  *call
 	c       *call
 	res     budget.Reservation
 	renewed time.Time // admission, then the last renewal
@@ -147,8 +164,12 @@ func (k *keeper) run(g *Gateway, stop <-chan struct{}) {
 					}
 					continue
 				}
+				var used []int64
+				if r.stream != nil {
+					used = usedSoFar(r.stream, r.adm)
+				}
 				ctx, cancel := context.WithTimeout(context.Background(), feedbackTimeout)
-				err := g.opt.Limiter.Extend(ctx, r.adm.decision.ID, hold)
+				err := g.opt.Limiter.Extend(ctx, r.adm.decision.ID, hold, used...)
 				cancel()
 				if err != nil {
 					g.log.Warn("could not extend a long request's rate-limit reservation", "deployment", r.adm.dep.Name, "err", err)

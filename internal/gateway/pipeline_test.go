@@ -426,17 +426,17 @@ func TestRepeatedRequestIDStillCharged(t *testing.T) {
 	}
 }
 
-// extendSpy reports the store time of each Extend of a rate-limit
+// extendTimes reports the store time of each Extend of a rate-limit
 // reservation.
-type extendSpy struct {
+type extendTimes struct {
 	ratelimit.Backend
 	clk     *clock.Fake
 	extends chan time.Time
 }
 
-func (s *extendSpy) Extend(ctx context.Context, id string, hold time.Duration) error {
+func (s *extendTimes) Extend(ctx context.Context, id string, hold time.Duration, used []int64) error {
 	at := s.clk.Now()
-	err := s.Backend.Extend(ctx, id, hold)
+	err := s.Backend.Extend(ctx, id, hold, used)
 	select {
 	case s.extends <- at:
 	default: // the test reads only the renewals it steps after
@@ -452,7 +452,7 @@ func (s *extendSpy) Extend(ctx context.Context, id string, hold time.Duration) e
 func TestLongRequestKeepsPermit(t *testing.T) {
 	const hold = 200 * time.Millisecond
 	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	spy := &extendSpy{clk: clk, extends: make(chan time.Time, 1)}
+	spy := &extendTimes{clk: clk, extends: make(chan time.Time, 1)}
 	h, up := gatedHarness(t, func(o *Options, h *harness) {
 		o.Admission.ReservationHold = hold
 		spy.Backend = rlmemory.New(clk)

@@ -126,7 +126,7 @@ func (g *Gateway) settleLimits(ctx context.Context, c *call, adm admitted, usage
 		return
 	}
 	if err := g.opt.Limiter.Settle(ctx, adm.decision.ID, actualCosts(adm, usage)); err != nil {
-		g.log.Warn("rate-limit settle failed; the estimate stands", "request_id", c.id, "err", err)
+		g.log.Warn("rate-limit settle failed; the reservation expires charged its estimate, or a stream's usage at its last renewal", "request_id", c.id, "err", err)
 	}
 }
 
@@ -138,7 +138,7 @@ func (g *Gateway) settleLimitsNow(c *call, adm admitted, usage *openai.Usage) bo
 	}
 	done, err := g.opt.Limiter.SettleNow(adm.decision.ID, actualCosts(adm, usage))
 	if err != nil {
-		g.log.Warn("rate-limit settle failed; the estimate stands", "request_id", c.id, "err", err)
+		g.log.Warn("rate-limit settle failed; the reservation expires charged its estimate, or a stream's usage at its last renewal", "request_id", c.id, "err", err)
 	}
 	return done
 }

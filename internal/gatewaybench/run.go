@@ -19,6 +19,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/llmgate/llmgate/internal/benchcli"
 	"github.com/llmgate/llmgate/internal/provider"
 	"github.com/llmgate/llmgate/internal/sim"
 	"github.com/llmgate/llmgate/internal/storeurl"
@@ -272,14 +273,14 @@ func (b *bench) measure(ctx context.Context, v string, cell Cell, cfg Config) Me
 	if ep.drain != nil {
 		b.drain(ctx, ep, &m)
 	}
-	cpu0, cpuOK := processCPU()
+	cpu0, cpuOK := benchcli.ProcessCPU()
 	redis0, redisErr := readRedisStats(ctx, ep.redis)
 	res := l.run(ctx)
 	if ep.drain != nil {
 		// The settles of this cell's requests are part of their cost.
 		b.drain(ctx, ep, &m)
 	}
-	cpu1, _ := processCPU()
+	cpu1, _ := benchcli.ProcessCPU()
 	redis1, redisErr1 := readRedisStats(ctx, ep.redis)
 
 	m.Requests = res.ok

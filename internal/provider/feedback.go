@@ -92,25 +92,34 @@ func parseFeedback(status int, h http.Header, now time.Time) Feedback {
 	f := Feedback{
 		Status:            status,
 		RetryAfter:        retryAfter(h, now),
-		LimitRequests:     parseCount(h.Get("X-Ratelimit-Limit-Requests")),
-		RemainingRequests: parseCount(h.Get("X-Ratelimit-Remaining-Requests")),
-		LimitTokens:       parseCount(h.Get("X-Ratelimit-Limit-Tokens")),
-		RemainingTokens:   parseCount(h.Get("X-Ratelimit-Remaining-Tokens")),
-		ResetRequests:     parseReset(h.Get("X-Ratelimit-Reset-Requests")),
-		ResetTokens:       parseReset(h.Get("X-Ratelimit-Reset-Tokens")),
+		LimitRequests:     parseCount(headerValue(h, "X-Ratelimit-Limit-Requests")),
+		RemainingRequests: parseCount(headerValue(h, "X-Ratelimit-Remaining-Requests")),
+		LimitTokens:       parseCount(headerValue(h, "X-Ratelimit-Limit-Tokens")),
+		RemainingTokens:   parseCount(headerValue(h, "X-Ratelimit-Remaining-Tokens")),
+		ResetRequests:     parseReset(headerValue(h, "X-Ratelimit-Reset-Requests")),
+		ResetTokens:       parseReset(headerValue(h, "X-Ratelimit-Reset-Tokens")),
 	}
-	f.LimitInputTokens, f.RemainingInputTokens, f.ResetInputTokens = anthropicLimit(h, "Input-Tokens", now)
-	f.LimitOutputTokens, f.RemainingOutputTokens, f.ResetOutputTokens = anthropicLimit(h, "Output-Tokens", now)
+	f.LimitInputTokens, f.RemainingInputTokens, f.ResetInputTokens = anthropicLimit(h, anthropicInputTokens, now)
+	f.LimitOutputTokens, f.RemainingOutputTokens, f.ResetOutputTokens = anthropicLimit(h, anthropicOutputTokens, now)
 	// Anthropic's requests limit stands in for x-ratelimit-*-requests.
 	// Its anthropic-ratelimit-tokens-* is not a tokens limit of its own
 	// but the most restrictive of the input and output ones, read above:
 	// taken as a limit on input plus output it would hold the gateway
 	// below what the provider allows.
-	l, r, d := anthropicLimit(h, "Requests", now)
+	l, r, d := anthropicLimit(h, anthropicRequests, now)
 	fillAbsent(&f.LimitRequests, l)
 	fillAbsent(&f.RemainingRequests, r)
 	fillAbsent(&f.ResetRequests, d)
 	return f
+}
+
+// headerValue is h.Get for a key already in canonical form: every response is
+// read for a dozen of them, most absent.
+func headerValue(h http.Header, canonicalKey string) string {
+	if v := h[canonicalKey]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // fillAbsent sets *dst to v when *dst is absent (-1).
@@ -120,15 +129,24 @@ func fillAbsent[T int64 | time.Duration](dst *T, v T) {
 	}
 }
 
-// anthropicLimit reads anthropic-ratelimit-KIND-limit, -remaining and
-// -reset (an RFC 3339 time, taken relative to the response's Date when it
-// has one); -1 for each value absent or unreadable.
-func anthropicLimit(h http.Header, kind string, now time.Time) (limit, remaining int64, reset time.Duration) {
-	p := "Anthropic-Ratelimit-" + kind + "-"
-	limit, remaining, reset = parseCount(h.Get(p+"Limit")), parseCount(h.Get(p+"Remaining")), -1
-	if v := strings.TrimSpace(h.Get(p + "Reset")); v != "" {
+// anthropicHeaders are the canonical names of one kind of Anthropic's
+// anthropic-ratelimit-KIND-limit, -remaining and -reset headers.
+type anthropicHeaders struct{ limit, remaining, reset string }
+
+var (
+	anthropicInputTokens  = anthropicHeaders{"Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset"}
+	anthropicOutputTokens = anthropicHeaders{"Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset"}
+	anthropicRequests     = anthropicHeaders{"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"}
+)
+
+// anthropicLimit reads one kind's limit, remaining and reset (an RFC 3339
+// time, taken relative to the response's Date when it has one); -1 for
+// each value absent or unreadable.
+func anthropicLimit(h http.Header, k anthropicHeaders, now time.Time) (limit, remaining int64, reset time.Duration) {
+	limit, remaining, reset = parseCount(headerValue(h, k.limit)), parseCount(headerValue(h, k.remaining)), -1
+	if v := strings.TrimSpace(headerValue(h, k.reset)); v != "" {
 		if at, err := time.Parse(time.RFC3339, v); err == nil {
-			if d, err := http.ParseTime(h.Get("Date")); err == nil {
+			if d, err := http.ParseTime(headerValue(h, "Date")); err == nil {
 				now = d
 			}
 			reset = max(clampDuration(float64(at.Sub(now)), maxHint), 0)
@@ -140,12 +158,12 @@ func anthropicLimit(h http.Header, kind string, now time.Time) (limit, remaining
 // retryAfter reads retry-after-ms, else retry-after; 0 if neither is
 // readable.
 func retryAfter(h http.Header, now time.Time) time.Duration {
-	if v := strings.TrimSpace(h.Get("Retry-After-Ms")); v != "" {
+	if v := strings.TrimSpace(headerValue(h, "Retry-After-Ms")); v != "" {
 		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && !math.IsInf(ms, 0) {
 			return clampDuration(ms*float64(time.Millisecond), maxHint)
 		}
 	}
-	v := strings.TrimSpace(h.Get("Retry-After"))
+	v := strings.TrimSpace(headerValue(h, "Retry-After"))
 	if v == "" {
 		return 0
 	}
@@ -158,7 +176,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	}
 	// The server's own Date is the reference when it sent one: the two
 	// come from the same clock, so skew between us and it does not matter.
-	if d, err := http.ParseTime(h.Get("Date")); err == nil {
+	if d, err := http.ParseTime(headerValue(h, "Date")); err == nil {
 		now = d
 	}
 	return clampDuration(float64(at.Sub(now)), maxHint)

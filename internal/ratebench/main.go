@@ -21,7 +21,7 @@ const (
 )
 
 const usageSynopsis = "usage: llmgate bench ratelimit --store URL [--workers N] [--duration D] [--limits 1|2|3] [--settle] [--local] [--json]\n" +
-	"       llmgate bench ratelimit --store CLUSTER_URL --single URL [--deployments N] [--tenants N] [--reps N] [--workers N] [--duration D] [--limits 1|2|3] [--settle] [--local] [--json]\n" +
+	"       llmgate bench ratelimit --store CLUSTER_URL --single URL [--deployments N] [--tenants N] [--tenant-limits PCT] [--single-sharded] [--reps N] [--workers N] [--duration D] [--limits 1|2|3] [--settle] [--local] [--json]\n" +
 	"       llmgate bench ratelimit --store URL --accuracy [--procs N] [--workers N] [--rate R] [--burst B] [--duration D] [--algo llmgate|gcra] [--wait] [--local] [--json]"
 
 // hidden flags are left out of the usage text: they are how Main talks to
@@ -61,6 +61,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&shards.Single, "single", "", "compare --store, a Redis Cluster, with this one master: the same requests on each in turn")
 	fs.IntVar(&shards.Deployments, "deployments", DefaultDeployments, "with --single: deployments the requests go to in turn, each a group of its own")
 	fs.IntVar(&shards.Tenants, "tenants", DefaultTenants, "with --single and --limits 3: tenants the requests come from in turn, each a group of its own")
+	fs.IntVar(&shards.TenantLimitsPct, "tenant-limits", DefaultTenantLimitsPct, "with --single and --limits 3: percentage of the tenants with a limit of their own; the others' requests charge their deployment's limits only")
+	fs.BoolVar(&shards.SingleSharded, "single-sharded", false, "with --single: a group per deployment and per tenant on the one master too, as on the Cluster (default: one group, as the gateway on one master)")
 	fs.IntVar(&shards.Reps, "reps", DefaultReps, "with --single: repetitions, each store once per repetition, alternately")
 	fs.BoolVar(&accuracy, "accuracy", false, "accuracy mode: several processes share one limit; prints admitted, ideal, over")
 	fs.IntVar(&acc.Procs, "procs", 4, "with --accuracy: worker processes")
@@ -95,7 +97,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitOK
 	}
 	if !set["single"] {
-		for _, f := range []string{"deployments", "tenants", "reps"} {
+		for _, f := range []string{"deployments", "tenants", "tenant-limits", "single-sharded", "reps"} {
 			if set[f] {
 				return c.Bad("--%s applies to --single only", f)
 			}
@@ -232,10 +234,10 @@ func printAccuracy(w io.Writer, r *AccuracyResult) {
 }
 
 func printShards(w io.Writer, r *ShardResult) {
-	fmt.Fprintf(w, "rate limiter on a Cluster of %d masters (%s) against one master (%s): %d workers (shared client %v), %d deployments, %d tenants, %d limits per decision, settle %v, local quota %v, %.2fs a phase\n",
-		r.Masters, r.Cluster, r.Single, r.Workers, r.SharedClient, r.Deployments, r.Tenants, r.Limits, r.Settle, r.Local, r.DurationS)
+	fmt.Fprintf(w, "rate limiter on a Cluster of %d masters (%s) against one master (%s): %d workers (shared client %v), %d deployments, %d tenants (%d with limits), %d limits per decision, one master's limits in %s, settle %v, local quota %v, %.2fs a phase\n",
+		r.Masters, r.Cluster, r.Single, r.Workers, r.SharedClient, r.Deployments, r.Tenants, r.TenantLimits, r.Limits, layout(r.SingleSharded), r.Settle, r.Local, r.DurationS)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "rep\tone master decisions/s\tCluster decisions/s\tratio\tone master: CPU us/decision\tCluster: CPU us/decision per master\tcapacity ratio\t\n")
+	fmt.Fprintf(tw, "rep\tone master decisions/s\tCluster decisions/s\tratio\tone master: CPU us/decision\tCluster: CPU us/decision per master\tcapacity ratio\tbusiest master's share\tbusiest master's CPU: one master / Cluster\tclient CPU: one master / Cluster\t\n")
 	for i, rep := range r.Reps {
 		perMaster := ""
 		for j, m := range rep.Cluster.Masters {
@@ -248,11 +250,36 @@ func printShards(w io.Writer, r *ShardResult) {
 		if len(rep.Single.Masters) > 0 {
 			single = cpuPerDecision(rep.Single.Masters[0], rep.Single)
 		}
-		fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.3f\t%.1f\t%s\t%.3f\t\n", i+1, rep.Single.DecisionsPerSec, rep.Cluster.DecisionsPerSec, rep.Ratio, single, perMaster, rep.CapacityRatio)
+		fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t%.3f\t%.1f\t%s\t%.3f\t%.3f\t%s / %s\t%s / %s\t\n", i+1, rep.Single.DecisionsPerSec, rep.Cluster.DecisionsPerSec, rep.Ratio,
+			single, perMaster, rep.CapacityRatio, rep.BusiestShare, busiestCPU(rep.Single), busiestCPU(rep.Cluster), cores(rep.Single.ClientCPUSec, rep.Single), cores(rep.Cluster.ClientCPUSec, rep.Cluster))
 	}
-	fmt.Fprintf(tw, "median\t%.0f\t%.0f\t%.3f\t\t\t%.3f\t\n", r.SingleDecisionsPerSec, r.ClusterDecisionsPerSec, r.Ratio, r.CapacityRatio)
+	fmt.Fprintf(tw, "median\t%.0f\t%.0f\t%.3f\t\t\t%.3f\t%.3f\t\t\t\n", r.SingleDecisionsPerSec, r.ClusterDecisionsPerSec, r.Ratio, r.CapacityRatio, r.BusiestShare)
 	tw.Flush()
 	fmt.Fprintln(w, "capacity ratio: decisions per CPU-second of the busiest master, Cluster over one master (what a core per master would give)")
+	fmt.Fprintln(w, "CPU in % of a core over the phase: the busiest master's (INFO cpu), the benchmark process's own")
+}
+
+func layout(sharded bool) string {
+	if sharded {
+		return "a group per deployment and tenant"
+	}
+	return "one group"
+}
+
+// busiestCPU is the busiest master's CPU use during ph, in % of a core.
+func busiestCPU(ph Phase) string {
+	if len(ph.Masters) == 0 {
+		return "-"
+	}
+	return cores(ph.Masters[0].CPUSec, ph)
+}
+
+// cores formats sec of CPU time over ph's duration in % of a core.
+func cores(sec float64, ph Phase) string {
+	if ph.DurationS <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100*sec/ph.DurationS)
 }
 
 // cpuPerDecision is m's CPU time per decision of ph, in µs.

@@ -103,7 +103,9 @@ func TestThroughputSmoke(t *testing.T) {
 
 // TestShardsSmoke: a comparison run measures the same requests on one
 // master and on a 3-master Cluster, reports each master's load, and the
-// Cluster's masters all serve a part of the deployments' groups.
+// Cluster's masters all serve a part of the deployments' groups. As the
+// gateway lays them out, a request over a deployment's and a tenant's
+// limits is one script on the one master and two on the Cluster.
 func TestShardsSmoke(t *testing.T) {
 	single, cluster := testutil.StartRedis(t), testutil.StartCluster3(t)
 	code, out, errOut := runMain(t, "--store", cluster.URL(), "--single", single.URL(), "--deployments", "64", "--reps", "1",
@@ -111,13 +113,23 @@ func TestShardsSmoke(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
 	}
-	m := decode(t, out, "reps", "ratio", "capacity_ratio", "cluster_masters", "single_decisions_per_sec", "cluster_decisions_per_sec")
+	m := decode(t, out, "reps", "ratio", "capacity_ratio", "cluster_masters", "single_decisions_per_sec", "cluster_decisions_per_sec", "busiest_share")
 	if m["cluster_masters"].(float64) != 3 || m["ratio"].(float64) <= 0 || m["capacity_ratio"].(float64) <= 0 {
 		t.Fatalf("no comparison: %s", out)
 	}
 	rep := m["reps"].([]any)[0].(map[string]any)
-	for store, masters := range map[string]int{"single": 1, "cluster": 3} {
+	if s := m["busiest_share"].(float64); s < 1.0/3 || s > 1 {
+		t.Errorf("busiest_share = %v, want between 1/3 and 1", s)
+	}
+	for store, want := range map[string]struct {
+		masters int
+		scripts float64
+	}{"single": {1, 1}, "cluster": {3, 2}} {
+		masters := want.masters
 		ph := rep[store].(map[string]any)
+		if s := ph["server_scripts_per_decision"].(float64); !about(s, want.scripts) {
+			t.Errorf("%s: %v scripts a decision, want %v", store, s, want.scripts)
+		}
 		if ph["decisions"].(float64) < 1 || ph["errors"].(float64) != 0 || ph["denied"].(float64) != 0 {
 			t.Errorf("%s: no decisions, or errors or refusals: %v", store, ph)
 		}
@@ -211,6 +223,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"--store", "redis://x:1", "--accuracy", "--algo", "gcra", "--wait"}, "--wait"},
 		{[]string{"--store", "redis://x:1", "extra"}, "unexpected argument"},
 		{[]string{"--store", "redis://x:1", "--deployments", "8"}, "--single only"},
+		{[]string{"--store", "redis://x:1", "--tenant-limits", "50"}, "--single only"},
+		{[]string{"--store", "redis://x:1", "--single", "redis://y:1", "--tenant-limits", "101"}, "--tenant-limits"},
 		{[]string{"--store", "redis://x:1", "--single", "redis://y:1", "--reps", "0"}, "--reps"},
 		{[]string{"--store", "redis://x:1", "--single", "memory"}, "--single"},
 		{[]string{"--store", "redis://x:1", "--single", "redis://y:1", "--ping", "5"}, "does not apply"},

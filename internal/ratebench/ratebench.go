@@ -30,6 +30,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/llmgate/llmgate/internal/benchcli"
 	"github.com/llmgate/llmgate/internal/lockbench"
 	"github.com/llmgate/llmgate/internal/storeurl"
 	"github.com/llmgate/llmgate/ratelimit"
@@ -124,6 +125,9 @@ type Phase struct {
 	// busiest master: the rate the store would sustain with a core per
 	// master, when the masters are what limits it.
 	DecisionsPerBusiestCPUSec float64 `json:"decisions_per_busiest_cpu_sec"`
+	// ClientCPUSec is the CPU time this process (the benchmark's
+	// clients) used during the run; 0 where it cannot be read.
+	ClientCPUSec float64 `json:"client_cpu_sec"`
 }
 
 // MasterLoad is what one master spent during a run.
@@ -313,6 +317,7 @@ func measure(ctx context.Context, ctl rueidis.Client, sent *atomic.Int64, algo s
 		return ph, false, fmt.Errorf("ratebench: INFO: %w", err)
 	}
 	sent.Store(0)
+	cpu0, _ := benchcli.ProcessCPU()
 	type stats struct {
 		admitted, denied, errs int64
 		firstErr               error
@@ -363,6 +368,9 @@ func measure(ctx context.Context, ctl rueidis.Client, sent *atomic.Int64, algo s
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	if cpu1, ok := benchcli.ProcessCPU(); ok {
+		ph.ClientCPUSec = round((cpu1 - cpu0).Seconds(), 3)
+	}
 	if cause := context.Cause(runCtx); cause != nil && errors.Is(cause, ErrTooManyErrors) {
 		return ph, false, cause
 	}

@@ -319,23 +319,30 @@ func (c *Cluster) KeysPerMaster(ctx context.Context, pattern string) (map[*Redis
 
 // scanCount counts the keys of one node matching pattern.
 func scanCount(ctx context.Context, r *Redis, pattern string) (int, error) {
-	cursor, n := "0", 0
+	keys, err := r.Keys(ctx, pattern)
+	return len(keys), err
+}
+
+// Keys lists the keys of this node alone matching a SCAN MATCH pattern.
+func (r *Redis) Keys(ctx context.Context, pattern string) ([]string, error) {
+	cursor := "0"
+	var keys []string
 	for range 100_000 { // bounded: a test's keyspace is small
 		res, err := r.Command(ctx, "SCAN", cursor, "MATCH", pattern, "COUNT", "1000")
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		e, err := res.AsScanEntry()
 		if err != nil {
-			return 0, fmt.Errorf("%s SCAN: %w", r.Addr, err)
+			return nil, fmt.Errorf("%s SCAN: %w", r.Addr, err)
 		}
-		n += len(e.Elements)
+		keys = append(keys, e.Elements...)
 		if e.Cursor == 0 {
-			return n, nil
+			return keys, nil
 		}
 		cursor = strconv.FormatUint(e.Cursor, 10)
 	}
-	return 0, fmt.Errorf("%s SCAN did not finish", r.Addr)
+	return nil, fmt.Errorf("%s SCAN did not finish", r.Addr)
 }
 
 // DataCommands returns, for each current master, how many commands that

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,6 +132,10 @@ func (r *Redis) Start() error {
 		args = append([]string{r.conf}, args...)
 	}
 	cmd := exec.Command(bin, append(args, r.args...)...)
+	// A group of its own, so that Stop kills the children it forks for a
+	// background save or AOF rewrite too: one outliving it would write
+	// into a directory the test is removing.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", bin, err)
 	}
@@ -181,7 +186,8 @@ func (r *Redis) logTail() string {
 	return strings.TrimSpace(string(b))
 }
 
-// Stop kills the server (SIGKILL: no chance to save anything) and waits for it.
+// Stop kills the server and any child it forked (SIGKILL: no chance to
+// save anything) and waits for it.
 func (r *Redis) Stop() {
 	r.mu.Lock()
 	cmd, exited := r.cmd, r.exited
@@ -190,7 +196,7 @@ func (r *Redis) Stop() {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Kill()
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	<-exited
 }
 

@@ -16,6 +16,10 @@ import (
 	"github.com/redis/rueidis"
 )
 
+// sentinelFailoverTimeout is the sentinels' failover-timeout: a failover
+// stuck this long is aborted.
+const sentinelFailoverTimeout = 20 * time.Second
+
 // Sentinel is a master with 2 replicas watched by 3 sentinels, on loopback.
 type Sentinel struct {
 	Data      []*Redis      // the master and its replicas; which is master changes with failovers
@@ -135,7 +139,7 @@ func NewSentinelAuth(dir string, auth SentinelAuth) (*Sentinel, error) {
 		args := []string{"--sentinel",
 			"--sentinel", "monitor", MasterSet, "127.0.0.1", strconv.Itoa(s.Data[0].Port), "2",
 			"--sentinel", "down-after-milliseconds", MasterSet, strconv.FormatInt(SentinelDownAfter.Milliseconds(), 10),
-			"--sentinel", "failover-timeout", MasterSet, "20000",
+			"--sentinel", "failover-timeout", MasterSet, strconv.FormatInt(sentinelFailoverTimeout.Milliseconds(), 10),
 			"--sentinel", "parallel-syncs", MasterSet, "2"}
 		if auth.Data != "" {
 			args = append(args, "--sentinel", "auth-pass", MasterSet, auth.Data)
@@ -327,20 +331,56 @@ func (s *Sentinel) replicasUp(ctx context.Context, sn *Redis) error {
 
 // Failover asks a sentinel to fail over now (SENTINEL FAILOVER: no
 // agreement needed, the old master stays up and becomes a replica), waits
-// until the topology is stable again and returns the new master.
+// until the topology is stable again and returns the new master. A forced
+// failover can end without a promotion (the sentinel aborts it when no
+// replica answers well enough at that moment, as on a loaded machine): it
+// is asked again once the sentinel's failover-timeout has passed.
 func (s *Sentinel) Failover(ctx context.Context) (*Redis, error) {
 	old, err := s.Master(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Sentinels[0].ok(ctx, "SENTINEL", "FAILOVER", MasterSet); err != nil {
+	ask := func() error {
+		r, err := s.Sentinels[0].str(ctx, "SENTINEL", "FAILOVER", MasterSet)
+		if err != nil && strings.Contains(err.Error(), "INPROG") {
+			return nil // the last one is still running
+		}
+		if err == nil && r != "OK" {
+			err = fmt.Errorf("SENTINEL FAILOVER: %q", r)
+		}
+		return err
+	}
+	if err := ask(); err != nil {
 		return nil, err
 	}
-	m, err := s.waitPromoted(ctx, old)
+	asked := time.Now()
+	var m *Redis
+	err = waitFor(ctx, topologyTimeout, "sentinels promote a replica", func() error {
+		var err error
+		if m, err = s.agreedNewMaster(ctx, old); err == nil {
+			return nil
+		}
+		if time.Since(asked) > sentinelFailoverTimeout+SentinelDownAfter {
+			asked = time.Now()
+			if aerr := ask(); aerr != nil {
+				return errors.Join(err, aerr)
+			}
+		}
+		return err
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w; sentinel logs: %s", err, s.logTails())
 	}
 	return m, s.demote(ctx, old, m)
+}
+
+// logTails returns the end of every sentinel's log, for failures.
+func (s *Sentinel) logTails() string {
+	var b strings.Builder
+	for _, sn := range s.Sentinels {
+		fmt.Fprintf(&b, "\n--- %s:\n%s", sn.Addr, sn.logTail())
+	}
+	return b.String()
 }
 
 // demote makes old a replica of m at once, which the sentinels would do
@@ -456,4 +496,60 @@ func (s *Sentinel) resumeOnce() {
 	if r != nil {
 		r()
 	}
+}
+
+// Replicated checks that the master's keys matching pattern are on both
+// replicas: it lists them on the master, waits until each replica has
+// acknowledged the master's replication offset as read after that, and
+// then finds each key on every replica, unless it is gone from the master
+// too by then (expired or deleted). It returns how many keys it checked.
+func (s *Sentinel) Replicated(ctx context.Context, pattern string) (int, error) {
+	m, err := s.Master(ctx)
+	if err != nil {
+		return 0, err
+	}
+	keys, err := m.Keys(ctx, pattern)
+	if err != nil {
+		return 0, err
+	}
+	info, err := m.info(ctx, "replication")
+	if err != nil {
+		return 0, err
+	}
+	target, _ := strconv.ParseInt(info["master_repl_offset"], 10, 64)
+	for _, r := range s.Data {
+		if r == m {
+			continue
+		}
+		err := waitFor(ctx, topologyTimeout, "replica catches up", func() error {
+			ri, err := r.info(ctx, "replication")
+			if err != nil {
+				return err
+			}
+			if off, _ := strconv.ParseInt(ri["slave_repl_offset"], 10, 64); off < target {
+				return fmt.Errorf("%s at offset %d of %d", r.Addr, off, target)
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		for _, k := range keys {
+			n, err := r.Command(ctx, "EXISTS", k)
+			if err != nil {
+				return 0, err
+			}
+			if on, _ := n.AsInt64(); on == 1 {
+				continue
+			}
+			n, err = m.Command(ctx, "EXISTS", k)
+			if err != nil {
+				return 0, err
+			}
+			if on, _ := n.AsInt64(); on == 1 {
+				return 0, fmt.Errorf("%s has %q, its replica %s does not", m.Addr, k, r.Addr)
+			}
+		}
+	}
+	return len(keys), nil
 }

@@ -110,6 +110,16 @@ func (r *Redis) Running() bool {
 	return r.cmd != nil
 }
 
+// Pid is the server's process ID, or 0 when it is not running.
+func (r *Redis) Pid() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return 0
+	}
+	return r.cmd.Process.Pid
+}
+
 // waitFor polls cond until it holds or d passes; it returns cond's last
 // error. Polling, because these are external processes with nothing to
 // wait on. With LLMGATE_TOPOLOGY_DEBUG set it prints, once a second, what

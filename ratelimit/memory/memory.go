@@ -34,6 +34,11 @@ type Backend struct {
 	lanes        map[string]*lane
 	reservations map[string]*reservation // not settled yet
 	expiries     expiryHeap              // reservations by expiry, to drop them without scanning
+	// refunds holds the reservations that recorded their usage (Extend), by
+	// expiry or earlier (an Extend does not move an entry; a popped entry
+	// that is early is pushed again): when the next expiry may give
+	// tokens back, for the waiters' hints.
+	refunds refundHeap
 	// settled marks the IDs settled while their hold runs (a second
 	// Settle is a no-op until then), by a 128-bit hash of the ID, with no
 	// pointer for the GC to follow: at thousands of requests a second, a
@@ -82,6 +87,10 @@ type reservation struct {
 	index    int  // in Backend.expiries
 	expires  time.Time
 	decision ratelimit.Decision
+	// used is, per charge, what the request had used at its last Extend
+	// that said so (its cost where it did not): what its rate charges are
+	// settled at if it expires. nil: none recorded, the costs stand.
+	used []int64
 	// buckets are r's (levelsLocked), for Settle; usually in bucketsBuf.
 	buckets    []*bucket
 	bucketsBuf [4]*bucket
@@ -362,6 +371,22 @@ func (h *expiryHeap) remove(i int) expiry {
 	return x
 }
 
+// refundHeap orders reservations with recorded usage by expiry (see
+// Backend.refunds). Pushed once per reservation, it needs no index.
+type refundHeap []expiry
+
+func (h refundHeap) Len() int           { return len(h) }
+func (h refundHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h refundHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *refundHeap) Push(x any)        { *h = append(*h, x.(expiry)) }
+func (h *refundHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	old[len(old)-1] = expiry{}
+	*h = old[:len(old)-1]
+	return x
+}
+
 // settledKey is a settled reservation's ID, hashed.
 type settledKey [2]uint64
 
@@ -409,8 +434,14 @@ func (h *settledHeap) popMin() settledExpiry {
 }
 
 // expireLocked drops the reservations that expired by now: O(log n) each,
-// so the cost of a decision does not grow with the reservations held.
+// so the cost of a decision does not grow with the reservations held. The
+// rate charges of one that recorded its usage are settled at that usage,
+// and the lanes that may now have room are walked, as after a Settle.
+// Every call that reads or changes buckets or reservations runs it first,
+// so that a refund is never applied after something that followed the
+// expiry (mirrors sweep_refunds in lib.lua).
 func (b *Backend) expireLocked(now time.Time) {
+	var lanes []string
 	for len(b.expiries) > 0 && !now.Before(b.expiries[0].at) {
 		e := b.expiries.remove(0)
 		if now.Before(e.res.expires) {
@@ -419,6 +450,20 @@ func (b *Backend) expireLocked(now time.Time) {
 		}
 		if b.reservations[e.id] == e.res {
 			delete(b.reservations, e.id)
+			if e.res.used != nil {
+				lanes = b.refundLocked(e.res, now, lanes)
+			}
+		}
+	}
+	for len(b.refunds) > 0 && !now.Before(b.refunds[0].at) {
+		e := heap.Pop(&b.refunds).(expiry)
+		if b.reservations[e.id] == e.res && now.Before(e.res.expires) {
+			heap.Push(&b.refunds, expiry{at: e.res.expires, id: e.id, res: e.res}) // extended since
+		}
+	}
+	for _, ln := range lanes {
+		if b.lanes[ln] != nil {
+			b.walkLocked(ln, "", now)
 		}
 	}
 	for ns := now.UnixNano(); len(b.settledExps) > 0 && b.settledExps[0].at <= ns; {
@@ -441,6 +486,57 @@ func (b *Backend) reservationLocked(id string, now time.Time) *reservation {
 	return res
 }
 
+// refundLocked settles the rate charges of res, which expired unsettled,
+// at the usage it recorded, and returns lanes with those that may now have
+// room added.
+func (b *Backend) refundLocked(res *reservation, now time.Time, lanes []string) []string {
+	if !slices.Contains(lanes, res.r.Lane) {
+		lanes = append(lanes, res.r.Lane)
+	}
+	for i, c := range res.r.Charges {
+		if c.Limit.Kind == ratelimit.Concurrency {
+			continue // its permit is gone with the reservation
+		}
+		bk := res.buckets[i]
+		bk.refill(c, now)
+		bk.level = math.Min(bk.burst, bk.level-float64(res.used[i]-c.Cost))
+		lanes = b.blockedLanesLocked(c.Scope, lanes)
+	}
+	return lanes
+}
+
+// blockedLanesLocked adds to lanes those whose waiters are blocked on
+// scope, up to maxLanes in all, and forgets them as blocked: the walk
+// that follows marks them again if they still are.
+func (b *Backend) blockedLanesLocked(scope string, lanes []string) []string {
+	set := b.blocked[scope]
+	if set == nil {
+		return lanes
+	}
+	for ln := range set {
+		if len(lanes) < maxLanes && !slices.Contains(lanes, ln) {
+			lanes = append(lanes, ln)
+			delete(set, ln)
+		}
+	}
+	if len(set) == 0 {
+		delete(b.blocked, scope)
+	}
+	return lanes
+}
+
+// soonerLocked shortens wait, how long a waiter is told to sleep, to when
+// the next reservation with recorded usage expires, if that is sooner:
+// the expiry may give back what the waiter needs.
+func (b *Backend) soonerLocked(wait time.Duration, now time.Time) time.Duration {
+	if wait > 0 && len(b.refunds) > 0 {
+		if d := b.refunds[0].at.Sub(now); d > 0 && d < wait {
+			return d
+		}
+	}
+	return wait
+}
+
 // liveReservationLocked returns id's reservation if it is neither settled
 // nor expired. It does not look among the settled marks: most callers
 // treat a settled ID as an unknown one, and at thousands of requests a
@@ -448,8 +544,7 @@ func (b *Backend) reservationLocked(id string, now time.Time) *reservation {
 func (b *Backend) liveReservationLocked(id string, now time.Time) *reservation {
 	res := b.reservations[id]
 	if res != nil && !now.Before(res.expires) {
-		delete(b.reservations, id)
-		return nil
+		return nil // expireLocked drops it, and settles it if it recorded its usage
 	}
 	return res
 }
@@ -557,7 +652,9 @@ func (b *Backend) walkLocked(name, self string, now time.Time) (mine *ratelimit.
 			d := b.decisionLocked(e.r, bks, false, wait, first, now)
 			mine, mineWait = &d, wait
 		} else if !headed && wait > 0 {
-			// The first waiter that cannot go yet learns when it will fit.
+			// The first waiter that cannot go yet learns when it will fit,
+			// or when an expiry may give back what it needs.
+			wait = b.soonerLocked(wait, now)
 			if target := now.Add(wait); e.hinted.Sub(target).Abs() > time.Millisecond {
 				e.hinted = target
 				select {
@@ -649,7 +746,8 @@ func (b *Backend) Enqueue(_ context.Context, r *ratelimit.Request, lease time.Du
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	d, ok, _ := b.admit(r, true, lease)
-	return d, ok, d.RetryAfter, nil
+	// Asked again when it fits, or when an expiry may give back what it needs.
+	return d, ok, b.soonerLocked(d.RetryAfter, b.clk.Now()), nil
 }
 
 // Await waits up to timeout for another caller's walk to admit r.
@@ -663,7 +761,9 @@ func (b *Backend) Await(ctx context.Context, r *ratelimit.Request, timeout time.
 	}
 	if wake == nil {
 		// Not queued: admitted meanwhile, or evicted.
-		res := b.liveReservationLocked(r.ID, b.clk.Now())
+		now := b.clk.Now()
+		b.expireLocked(now)
+		res := b.liveReservationLocked(r.ID, now)
 		b.mu.Unlock()
 		if res != nil {
 			return res.decision, true, nil
@@ -694,7 +794,9 @@ func (b *Backend) Abandon(_ context.Context, r *ratelimit.Request) error {
 			delete(b.lanes, r.Lane)
 		}
 	}
-	b.settleLocked(r.ID, nil, b.clk.Now())
+	now := b.clk.Now()
+	b.expireLocked(now)
+	b.settleLocked(r.ID, nil, now)
 	return nil
 }
 
@@ -702,7 +804,9 @@ func (b *Backend) Abandon(_ context.Context, r *ratelimit.Request) error {
 func (b *Backend) Settle(_ context.Context, id string, actual []int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.settleLocked(id, actual, b.clk.Now()) == 0 {
+	now := b.clk.Now()
+	b.expireLocked(now)
+	if b.settleLocked(id, actual, now) == 0 {
 		return ratelimit.ErrUnknownReservation
 	}
 	return nil
@@ -734,19 +838,7 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 			bk.refill(c, now)
 			bk.level = math.Min(bk.burst, bk.level-float64(a-c.Cost))
 		}
-		set := b.blocked[c.Scope]
-		if set == nil {
-			continue
-		}
-		for ln := range set {
-			if len(lanes) < maxLanes && !slices.Contains(lanes, ln) {
-				lanes = append(lanes, ln)
-				delete(set, ln)
-			}
-		}
-		if len(set) == 0 {
-			delete(b.blocked, c.Scope)
-		}
+		lanes = b.blockedLanesLocked(c.Scope, lanes)
 	}
 	// Only the settled mark is read from now on (until the hold expires),
 	// kept where the garbage collector does not look.
@@ -765,16 +857,30 @@ func (b *Backend) settleLocked(id string, actual []int64, now time.Time) int {
 	return 1
 }
 
-// Extend keeps an unsettled reservation alive for hold from now.
-func (b *Backend) Extend(_ context.Context, id string, hold time.Duration) error {
+// Extend keeps an unsettled reservation alive for hold from now, and
+// records used (when not empty) as what it has used so far.
+func (b *Backend) Extend(_ context.Context, id string, hold time.Duration, used []int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.clk.Now()
+	b.expireLocked(now)
 	res := b.liveReservationLocked(id, now)
 	if res == nil {
 		return ratelimit.ErrUnknownReservation
 	}
 	res.expires = now.Add(hold)
+	if len(used) > 0 {
+		if res.used == nil {
+			res.used = make([]int64, len(res.r.Charges))
+			heap.Push(&b.refunds, expiry{at: res.expires, id: id, res: res})
+		}
+		for i, c := range res.r.Charges {
+			res.used[i] = c.Cost
+			if i < len(used) {
+				res.used[i] = used[i]
+			}
+		}
+	}
 	for _, c := range res.r.Charges {
 		if c.Limit.Kind == ratelimit.Concurrency {
 			p := b.permitsLocked(c.Scope, now)
@@ -803,7 +909,9 @@ func (b *Backend) Cooldown(_ context.Context, scope string, d time.Duration) (ti
 func (b *Backend) Observe(_ context.Context, scope string, l ratelimit.Limit, remaining int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	bk := b.levelLocked(ratelimit.Charge{Scope: scope, Limit: l}, b.clk.Now())
+	now := b.clk.Now()
+	b.expireLocked(now) // what expired gives back before the provider's count lowers the bucket
+	bk := b.levelLocked(ratelimit.Charge{Scope: scope, Limit: l}, now)
 	if bk.level > float64(remaining) {
 		bk.level = float64(remaining)
 	}
@@ -816,6 +924,7 @@ func (b *Backend) Learn(_ context.Context, scope string, l ratelimit.Limit, x ra
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.clk.Now()
+	b.expireLocked(now)
 	c := ratelimit.Charge{Scope: scope, Limit: l}
 	bk := b.levelLocked(c, now) // up to now under what was in force
 	bk.learned, bk.until = x.Limit, now.Add(x.TTL)

@@ -87,6 +87,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) ratelimit.Backend) {
 		{"Refund", s.testRefund},
 		{"UnknownReservation", s.testUnknownReservation},
 		{"ReservationExpiresAndExtends", s.testReservationHold},
+		{"ExpirySettlesAtRecordedUsage", s.testExpirySettlesAtUsage},
 		{"ConcurrencyPermits", s.testConcurrency},
 		{"ConcurrencyPermitExpiresAfterHold", s.testPermitExpiry},
 		{"ConcurrencyExtendKeepsPermit", s.testPermitExtend},
@@ -94,6 +95,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) ratelimit.Backend) {
 		{"WaitWokenByRefill", s.testWaitWokenByRefill},
 		{"WaitDefersAdmissionToItsTokens", s.testWaitDefers},
 		{"WaitWokenByPermitExpiry", s.testWaitWokenByPermitExpiry},
+		{"WaitWokenByExpiryRefund", s.testWaitWokenByExpiryRefund},
 		{"SettleWakesEveryBlockedLane", s.testSettleWakesEveryLane},
 		{"WaitArrivalOrder", s.testWaitArrivalOrder},
 		{"WaitPriorityClasses", s.testWaitPriority},
@@ -141,6 +143,7 @@ func RunFakeClock(t *testing.T, clk *clock.Fake, newBackend func(t *testing.T) r
 		{"BurstThenRefill", s.testBurstThenRefill},
 		{"BurstDefaultsToWindow", s.testBurstDefault},
 		{"ReservationExpiresAndExtends", s.testReservationHold},
+		{"ExpirySettlesAtRecordedUsage", s.testExpirySettlesAtUsage},
 		{"ConcurrencyPermitExpiresAfterHold", s.testPermitExpiry},
 		{"ConcurrencyExtendKeepsPermit", s.testPermitExtend},
 		{"Cooldown", s.testCooldown},
@@ -323,11 +326,11 @@ func (p *spy) Settle(ctx context.Context, id string, actual []int64) error {
 	return p.Backend.Settle(ctx, id, actual)
 }
 
-func (p *spy) Extend(ctx context.Context, id string, hold time.Duration) error {
+func (p *spy) Extend(ctx context.Context, id string, hold time.Duration, used []int64) error {
 	if p.down.Load() {
 		return errDown
 	}
-	return p.Backend.Extend(ctx, id, hold)
+	return p.Backend.Extend(ctx, id, hold, used)
 }
 
 func (p *spy) Cooldown(ctx context.Context, scope string, d time.Duration) (time.Duration, error) {

@@ -16,7 +16,8 @@ import (
 // RunSharded runs, as subtests of t, the cases of requests that span
 // groups of a ratelimit.Sharded: admitted whole or not at all, never over
 // any limit under concurrent load, waiting through every group, and
-// settled, refunded and extended in every group.
+// settled, refunded and extended in every group (and settled at the usage
+// recorded in every group when the reservation expires).
 //
 // newGroup returns a backend of the named group on the store the suite
 // shares (a networked backend: a new client each time). Every replica the
@@ -35,6 +36,7 @@ func RunSharded(t *testing.T, newGroup func(t *testing.T, group string) ratelimi
 	}{
 		{"CrossGroupAllOrNothing", s.testAllOrNothing},
 		{"CrossGroupSettleRefundExtend", s.testSettleRefundExtend},
+		{"CrossGroupExpirySettlesAtUsage", s.testExpiryEveryGroup},
 		{"CrossGroupWaitTakesEveryGroup", s.testWaitEveryGroup},
 		{"CrossGroupWaitGivesUpCleanly", s.testWaitGivesUp},
 		{"CrossGroupNeverOverUnderLoad", s.testNeverOver},

@@ -5,7 +5,9 @@
 -- ARGV[1] mode "a" or "q"   ARGV[2] request id   ARGV[3] spec (binary, see lib.lua)
 -- ARGV[4] priority          ARGV[5] waiter lease ms (mode "q")
 --
--- Returns {1, decision} admitted, or {0, decision} not (yet) admitted.
+-- Returns {1, decision} admitted, or {0, decision, hint_us} not (yet)
+-- admitted: hint_us, when there, is how long a waiter should sleep before it
+-- asks again (see sooner in lib.lua); without it, the decision's wait.
 local B, mode, id, raw = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local S = new_state(B)
 local f = parse_spec(raw, 1)
@@ -37,7 +39,9 @@ if not queued then
     return {1, d}
   end
   if mode == 'a' then
-    return {0, decision(S, f, false, wait, first)}
+    local d = decision(S, f, false, wait, first)
+    flush(S) -- what an expiry gave back (sweep_refunds), if anything
+    return {0, d}
   end
 end
 
@@ -64,7 +68,7 @@ if mode == 'a' then
   dequeue(S, lane, id)
 end
 if mine then
-  return {0, mine[2]}
+  return {0, mine[2], mine[3]}
 end
 -- Queued beyond the part of the lane a walk examines.
 local _, _, first = evaluate(S, f, {})

@@ -7,6 +7,9 @@
 --                              limit learned from the provider is in force (learn.lua), also
 --                              that limit and when it ends (µs): '<dddd', 32 bytes
 --                            cd:<scope> -> cooldown end (µs, decimal)
+--                            x -> the earliest expiry in B:x, or earlier (ms, decimal); absent
+--                              when B:x is empty. Read with the buckets, it costs the usual
+--                              decision nothing to learn that no refund is due
 --                      A bucket's stored level only matters until it has refilled; a stale
 --                      field reads as a full bucket. Fields number one per configured limit.
 --   B:c:<scope>        zset  concurrency permits: member = reservation id, score = expiry (ms)
@@ -16,7 +19,12 @@
 --   B:e:<id>           string the same, as JSON, from a version before the binary spec: read
 --                            and deleted, never written (it expires within its lease)
 --   B:r:<id>           string reservation: "h<spec><decision>" held (the spec says where it
---                            ends), "s" settled
+--                            ends), "u<spec><decision>" held with its usage so far in B:u,
+--                            "s" settled
+--   B:x                zset  reservations with their usage so far recorded (extend.lua):
+--                            member = id, score = expiry (ms), as its B:r
+--   B:u                hash  id -> its spec, then per charge the usage recorded (doubles): what
+--                            its rate charges are settled at if it expires (sweep_refunds)
 --   B:n:<id>           list  wake-up of a waiter: its decision is pushed here
 --   B:bl:<scope>       set   lanes whose waiters are blocked on scope
 --   B:h:<lane>         hash  waiter id -> when it was last told it would fit (µs)
@@ -47,9 +55,13 @@
 -- learned limits) as full buckets, drops a learned limit when it writes a bucket, does not know
 -- the new reservations (its Settle says unknown; they expire within their hold) and drops the
 -- new waiters it meets from its lane walks (they queue again when they renew).
+-- A version before recorded usage takes a "u" reservation for an unknown one (its Settle
+-- says so); the reservation is settled at its recorded usage by the first script of a
+-- version that knows, once it expired.
 -- Time comes from the server only.
 local MAXSCAN = 64  -- waiters examined per walk of a lane
 local MAXLANES = 32 -- lanes walked after a settle (the rest keep their mark for the next)
+local MAXSWEEP = 64 -- expired reservations settled at their usage per script (the rest, by the next)
 -- Written out for specs and decisions of 1 to 4 charges, so that one call
 -- reads or prints all of it; longer ones go a charge at a time.
 local SPEC_HEAD, SPEC_CHARGE = '<c1HddI4c0', '<c1I4c0I4c0I4c0dddd'
@@ -164,11 +176,112 @@ local function touch(S, b)
   end
 end
 
+-- blocked_lanes adds to lanes (seen: the set of them) the lanes whose
+-- waiters are blocked on scope, up to MAXLANES in all, and forgets them as
+-- blocked: the walk that follows marks them again if they still are.
+local function blocked_lanes(S, scope, lanes, seen)
+  local bl = S.B .. ':bl:' .. scope
+  for _, l in ipairs(redis.call('SMEMBERS', bl)) do
+    if not seen[l] and #lanes < MAXLANES then
+      lanes[#lanes + 1] = l
+      seen[l] = true
+      redis.call('SREM', bl, l)
+    end
+  end
+end
+
+-- sweep_refunds settles the rate charges of the reservations in B:x whose
+-- hold is over (at most MAXSWEEP) at the usage they recorded, as settle
+-- would: the buckets get back what was reserved beyond it (never above
+-- their burst), and the lanes that may now have room are noted in S.wake
+-- (flush walks them). Every script that reads buckets runs it before using
+-- them (prefetch, refund_due), so no refund lands after something that
+-- followed the expiry; a refill in between commutes with it. A reservation
+-- whose B:r the server has not dropped yet (its clock and TIME may differ
+-- by a millisecond) is dropped here: it expired by TIME, as its permits did.
+-- Afterwards S.due and the field x say when the next one expires.
+local function sweep_refunds(S)
+  local xk, uk = S.B .. ':x', S.B .. ':u'
+  local ids = redis.call('ZRANGEBYSCORE', xk, '-inf', S.now_ms, 'LIMIT', 0, MAXSWEEP)
+  if #ids > 0 then
+    local recs = redis.call('HMGET', uk, unpack(ids))
+    local lanes, seen, scopes = S.wake or {}, {}, {}
+    for _, l in ipairs(lanes) do seen[l] = true end
+    S.swept = S.swept or {}
+    for j = 1, #ids do
+      local id, rec = ids[j], recs[j]
+      local rk = S.B .. ':r:' .. id
+      local v = redis.call('GET', rk)
+      if rec and (not v or string.byte(v, 1) == 117) then -- gone, or still "u...": not settled
+        if v then redis.call('DEL', rk) end
+        S.swept[id] = true
+        local f = parse_spec(rec, 1)
+        local pos = f[6 + 8 * f[2]]
+        for i = 1, f[2] do
+          local k = 8 * i - 3
+          if f[k + 1] ~= 'c' then
+            local used = struct.unpack('<d', rec, pos + 8 * (i - 1))
+            local b = S.buckets[f[k + 3]] or new_bucket(S, f, k, redis.call('HGET', S.B .. ':s', f[k + 3]))
+            b.level = b.level - (used - f[k + 8])
+            if b.level > b.burst then b.level = b.burst end
+            touch(S, b)
+            if not scopes[f[k + 2]] then
+              scopes[f[k + 2]] = true
+              blocked_lanes(S, f[k + 2], lanes, seen)
+            end
+          end
+        end
+        if not seen[f[5]] and #lanes < MAXLANES then
+          lanes[#lanes + 1] = f[5]
+          seen[f[5]] = true
+        end
+      end
+    end
+    redis.call('ZREM', xk, unpack(ids))
+    redis.call('HDEL', uk, unpack(ids))
+    if #lanes > 0 then S.wake = lanes end
+  end
+  local first = redis.call('ZRANGE', xk, 0, 0, 'WITHSCORES')
+  if first[2] then
+    S.due = tonumber(first[2])
+    redis.call('HSET', S.B .. ':s', 'x', first[2])
+  else
+    S.due = nil
+    redis.call('HDEL', S.B .. ':s', 'x')
+  end
+end
+
+-- refund_due runs sweep_refunds if a reservation with recorded usage has
+-- expired, for the scripts that read buckets without prefetch.
+local function refund_due(S)
+  if S.due_read then return end
+  S.due_read = true
+  S.due = tonumber(redis.call('HGET', S.B .. ':s', 'x'))
+  if S.due and S.due <= S.now_ms then sweep_refunds(S) end
+end
+
+-- sooner shortens wait_us, how long a waiter is told to sleep, to when the
+-- next reservation with recorded usage expires, if that is sooner: the
+-- expiry may give back what the waiter needs.
+local function sooner(S, wait)
+  local due = S.due
+  if due and wait > 0 then
+    local d = (due - S.now_ms) * 1000
+    if d > 0 and d < wait then return d end
+  end
+  return wait
+end
+
 -- prefetch reads, in one call, every bucket and cooldown of f that this run
--- has not read yet.
+-- has not read yet; the first call also reads when the next reservation
+-- with recorded usage expires, and settles those that did (sweep_refunds).
 local function prefetch(S, f)
   local buckets, cds = S.buckets, S.cooldowns
   local fields, want, m = {}, {}, 0
+  if not S.due_read then
+    m = 1
+    fields[1], want.x = 'x', -1
+  end
   for i = 1, f[2] do
     local k = 8 * i - 3
     if f[k + 1] ~= 'c' then
@@ -189,7 +302,9 @@ local function prefetch(S, f)
   for i = 1, m do
     local key, v = fields[i], vals[i]
     local k = want[key]
-    if k ~= 0 then
+    if k == -1 then
+      S.due_read, S.due = true, tonumber(v)
+    elseif k ~= 0 then
       new_bucket(S, f, k, v)
     elseif v then
       cds[key] = tonumber(v)
@@ -197,6 +312,7 @@ local function prefetch(S, f)
       cds[key] = 0
     end
   end
+  if S.due and S.due <= S.now_ms and not S.swept then sweep_refunds(S) end
 end
 
 local function bucket(S, f, k)
@@ -320,8 +436,12 @@ local function decision(S, f, ok, wait, first)
   return table.concat(out, ' ')
 end
 
--- flush writes back, in one call, the buckets this run changed.
+local wake -- defined after walk
+
+-- flush walks the lanes an expiry refund may have made room in (wake),
+-- then writes back, in one call, the buckets this run changed.
 local function flush(S)
+  if S.wake then wake(S) end
   local dirty = S.dirty
   if #dirty > 0 then
     local args = {}
@@ -356,14 +476,15 @@ local function reserve(S, id, raw, f, d)
 end
 
 -- reservation returns the state of reservation id ('0' held, '1' settled,
--- nil unknown), and when held its decision and spec.
+-- nil unknown), and when held its decision and spec, whether its usage is
+-- recorded in B:u, and its stored value.
 local function reservation(S, id)
   local v = redis.call('GET', S.B .. ':r:' .. id)
   if not v then return nil end
   local c = string.byte(v, 1)
-  if c == 104 then -- "h<spec><decision>"
+  if c == 104 or c == 117 then -- "h<spec><decision>", "u<spec><decision>"
     local f = parse_spec(v, 2)
-    return '0', string.sub(v, f[6 + 8 * f[2]]), f
+    return '0', string.sub(v, f[6 + 8 * f[2]]), f, c == 117, v
   end
   if c == 115 then return '1' end -- "s"
   -- "state\nspec\ndecision", written before the binary spec.
@@ -395,9 +516,12 @@ end
 
 -- walk admits, in order, every waiter of lane that fits, and wakes each on
 -- its own list (except self, whose result is returned instead:
--- {admitted, decision, wait_us} or nil if self was not examined).
+-- {admitted, decision, hint_us} or nil if self was not examined; hint_us is
+-- how long self should sleep, sooner than the decision's wait when a
+-- reservation with recorded usage expires first).
 local function walk(S, lane, self)
   local q, ql = S.B .. ':q:' .. lane, S.B .. ':ql:' .. lane
+  if S.wake then S.walked = S.walked or {}; S.walked[lane] = true end
   local ids = redis.call('ZRANGE', q, 0, MAXSCAN - 1)
   local blocked, mine, headed = {}, nil, false
   for _, id in ipairs(ids) do
@@ -428,9 +552,9 @@ local function walk(S, lane, self)
           redis.call('PEXPIRE', bl, 60000)
         end
         if id == self then
-          mine = {false, decision(S, f, false, wait, first), wait}
+          mine = {false, decision(S, f, false, wait, first), sooner(S, wait)}
         elseif not headed and wait > 0 then
-          hint(S, lane, id, f, wait, first)
+          hint(S, lane, id, f, sooner(S, wait), first)
         end
         headed = true
       end
@@ -445,10 +569,18 @@ end
 -- its scopes.
 -- Returns 0 unknown reservation, 1 settled, 2 already settled.
 local function settle(S, id, actual)
-  local st, _, f = reservation(S, id)
+  local st, _, f, recorded = reservation(S, id)
   if not st then return 0 end
   if st == '1' then return 2 end
   prefetch(S, f)
+  if S.swept and S.swept[id] then -- expired by TIME, settled at its usage just now
+    flush(S)
+    return 0
+  end
+  if recorded then
+    redis.call('ZREM', S.B .. ':x', id)
+    redis.call('HDEL', S.B .. ':u', id)
+  end
   local marks, scanned = {}, {} -- B:bl:<scope>, once per scope
   for i = 1, f[2] do
     local k = 8 * i - 3
@@ -491,4 +623,14 @@ local function settle(S, id, actual)
   end
   flush(S)
   return 1
+end
+
+-- wake walks the lanes noted by sweep_refunds, except those this run
+-- walked after it (they saw the refunds).
+wake = function(S)
+  local lanes, walked = S.wake, S.walked or {}
+  S.wake = nil
+  for i = 1, #lanes do
+    if not walked[lanes[i]] then walk(S, lanes[i], nil) end
+  end
 end

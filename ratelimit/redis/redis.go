@@ -242,43 +242,58 @@ func outlive(ctx context.Context, grace time.Duration) (context.Context, context
 // waiter whose deadline cut its Enqueue short could run first and leave
 // behind what the Enqueue then queued or admitted: a permit held until its
 // hold expires. With the reply in hand, whatever follows runs after it.
-func (b *Backend) admit(ctx context.Context, r *ratelimit.Request, mode string, lease time.Duration) (ratelimit.Decision, error) {
+// The hint is how long a refused waiter should sleep before it asks again:
+// the decision's RetryAfter, or sooner when the script says so.
+func (b *Backend) admit(ctx context.Context, r *ratelimit.Request, mode string, lease time.Duration) (ratelimit.Decision, time.Duration, error) {
 	sp, err := encodeSpec(r)
 	if err != nil {
-		return ratelimit.Decision{}, err
+		return ratelimit.Decision{}, 0, err
 	}
 	if err := ctx.Err(); err != nil {
-		return ratelimit.Decision{}, unavailable("admit", err) // not sent
+		return ratelimit.Decision{}, 0, unavailable("admit", err) // not sent
 	}
 	args := []string{mode, r.ID, sp, strconv.Itoa(int(r.Priority)), strconv.FormatInt(max(lease.Milliseconds(), 1), 10)}
 	sctx, done := outlive(ctx, replyGrace)
 	vals, err := admitScript.Exec(sctx, b.c, []string{b.base}, args).ToArray()
 	done()
 	if err != nil {
-		return ratelimit.Decision{}, unavailable("admit", err)
+		return ratelimit.Decision{}, 0, unavailable("admit", err)
 	}
-	if len(vals) != 2 {
-		return ratelimit.Decision{}, fmt.Errorf("%w: admit: %d values", ratelimit.ErrUnexpectedReply, len(vals))
+	if len(vals) != 2 && len(vals) != 3 {
+		return ratelimit.Decision{}, 0, fmt.Errorf("%w: admit: %d values", ratelimit.ErrUnexpectedReply, len(vals))
 	}
 	raw, err := vals[1].ToString()
 	if err != nil {
-		return ratelimit.Decision{}, fmt.Errorf("%w: admit: %w", ratelimit.ErrUnexpectedReply, err)
+		return ratelimit.Decision{}, 0, fmt.Errorf("%w: admit: %w", ratelimit.ErrUnexpectedReply, err)
 	}
-	return decode(r, raw)
+	d, err := decode(r, raw)
+	if err != nil {
+		return d, 0, err
+	}
+	hint := d.RetryAfter
+	if len(vals) == 3 {
+		us, err := vals[2].AsInt64()
+		if err != nil {
+			return ratelimit.Decision{}, 0, fmt.Errorf("%w: admit: hint: %w", ratelimit.ErrUnexpectedReply, err)
+		}
+		hint = duration(us, time.Microsecond)
+	}
+	return d, hint, nil
 }
 
 // Admit makes one attempt; see ratelimit.Backend.
 func (b *Backend) Admit(ctx context.Context, r *ratelimit.Request) (ratelimit.Decision, error) {
-	return b.admit(ctx, r, "a", 0)
+	d, _, err := b.admit(ctx, r, "a", 0)
+	return d, err
 }
 
 // Enqueue queues r (or renews its place) and walks its lane.
 func (b *Backend) Enqueue(ctx context.Context, r *ratelimit.Request, lease time.Duration) (ratelimit.Decision, bool, time.Duration, error) {
-	d, err := b.admit(ctx, r, "q", lease)
+	d, hint, err := b.admit(ctx, r, "q", lease)
 	if err != nil {
 		return d, false, 0, err
 	}
-	return d, d.Allowed, d.RetryAfter, nil
+	return d, d.Allowed, hint, nil
 }
 
 // Await blocks on r's wake-up list for up to timeout.
@@ -334,9 +349,15 @@ func (b *Backend) Settle(ctx context.Context, id string, actual []int64) error {
 	return b.settle(ctx, id, actual, "")
 }
 
-// Extend keeps an unsettled reservation alive for hold from now.
-func (b *Backend) Extend(ctx context.Context, id string, hold time.Duration) error {
-	n, err := extendScript.Exec(ctx, b.c, []string{b.base}, []string{id, strconv.FormatInt(hold.Milliseconds(), 10)}).AsInt64()
+// Extend keeps an unsettled reservation alive for hold from now, and
+// records used (when not empty) as what it has used so far.
+func (b *Backend) Extend(ctx context.Context, id string, hold time.Duration, used []int64) error {
+	args := make([]string, 2, 2+len(used))
+	args[0], args[1] = id, strconv.FormatInt(hold.Milliseconds(), 10)
+	for _, u := range used {
+		args = append(args, strconv.FormatInt(u, 10))
+	}
+	n, err := extendScript.Exec(ctx, b.c, []string{b.base}, args).AsInt64()
 	if err != nil {
 		return unavailable("extend", err)
 	}

@@ -1,14 +1,14 @@
 //go:build unix
 
-package gatewaybench
+package benchcli
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the CPU time (user + system) this process has used.
-func processCPU() (time.Duration, bool) {
+// ProcessCPU returns the CPU time (user + system) this process has used.
+func ProcessCPU() (time.Duration, bool) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, false
