@@ -20,8 +20,9 @@ import (
 // provider's first answers report the real limit, which every replica then
 // keeps to: at most 5 requests are answered 429 by the provider, where
 // without slow start 180 were. The requests beyond the real quota wait and
-// get the gateway's own 429 after their max wait (10s: a cold replica on a
-// loaded machine may take seconds over its first answers).
+// get the gateway's own 429 after their max wait: 30s, so that a loaded
+// machine, where 300 requests under the race detector take seconds to go
+// through three cold replicas, still serves the whole quota within it.
 func TestE2EColdBurstOverConfiguredLimit(t *testing.T) {
 	t.Parallel()
 	e2eutil.LogRuntime(t)
@@ -32,7 +33,7 @@ func TestE2EColdBurstOverConfiguredLimit(t *testing.T) {
 	rds := testutil.StartRedis(t)
 	s := newE2ESim(t, sim.Config{Models: []string{"gpt-4.1"}, RPM: realRPM, TTFT: 20 * time.Millisecond, APIKeys: []string{e2eutil.ProviderKey}})
 	reps := e2eutil.StartReplicas(t, 3, gatewayConfig{
-		Store: rds.URL(), SimURL: s.url, Limits: fmt.Sprintf("{rpm: %d}", 5*realRPM), MaxWait: "10s", LogLevel: "info",
+		Store: rds.URL(), SimURL: s.url, Limits: fmt.Sprintf("{rpm: %d}", 5*realRPM), MaxWait: "30s", LogLevel: "info",
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
